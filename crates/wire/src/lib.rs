@@ -1,0 +1,1 @@
+//! sans-I/O wire codecs.
