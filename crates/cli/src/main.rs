@@ -1,1 +1,51 @@
-fn main() {}
+//! `softrdma`: the command-line tool of the softrdma userspace RDMA stack.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod devices;
+
+/// Errors a subcommand reports; `main` prints them as `softrdma: <message>` and exits 1.
+type CmdResult = Result<(), Box<dyn std::error::Error>>;
+
+/// softrdma: a userspace RDMA stack with soft-iWARP devices over TCP.
+#[derive(Parser)]
+#[command(name = "softrdma", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List RDMA devices: name, transport, netdev, addresses, port state, loopback capability.
+    Devices(devices::DevicesArgs),
+}
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result: CmdResult = match cli.command {
+        Command::Devices(args) => devices::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softrdma: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings and errors).
+fn init_tracing() {
+    use tracing_subscriber::{filter::LevelFilter, EnvFilter};
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::WARN.into())
+        .from_env_lossy();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -128,10 +128,7 @@ pub struct Error {
 impl Error {
     /// Builds an error from an errno and a message.
     pub fn new(errno: Errno, msg: impl Into<String>) -> Error {
-        Error {
-            errno,
-            msg: msg.into(),
-        }
+        Error { errno, msg: msg.into() }
     }
 
     /// EINVAL with a message.

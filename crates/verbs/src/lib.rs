@@ -3,10 +3,30 @@
 //! Devices come from the host's interfaces (or `SOFTRDMA_CONFIG`), and each opened
 //! [`Context`] hands out protection domains, memory regions, completion queues,
 //! completion channels, queue pairs and shared receive queues. A transport (soft-iWARP,
-//! later soft-RoCE) drives a QP's queues; this crate owns the queues, the QP state machine,
-//! the memory-key table and the completion path.
+//! later soft-RoCE) drives a QP's queues through the [`QpDriver`] seam; this crate owns the
+//! queues, the QP state machine, the memory-key table and the completion path.
 
+pub mod channel;
+pub mod context;
+pub mod cq;
 pub mod device;
 mod error;
+pub mod memory;
+pub mod mr;
+pub mod pd;
+pub mod progress;
+pub mod qp;
+pub mod qp_state;
+pub mod srq;
+pub mod wr;
 
+pub use channel::CompChannel;
+pub use context::Context;
+pub use cq::Cq;
 pub use error::{Errno, Error, Result};
+pub use mr::Mr;
+pub use pd::Pd;
+pub use qp::{Qp, QpAttr, QpCap, QpDriver, QpInitAttr};
+pub use qp_state::{QpState, QpType};
+pub use srq::{Srq, SrqAttr};
+pub use wr::{Access, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode};

@@ -1,1 +1,22 @@
 //! Devices: one per UP interface with an address, or exactly the ones `SOFTRDMA_CONFIG` names.
+//!
+//! - [`netif`](list_interfaces): the host's interfaces, from `getifaddrs`.
+//! - [`Config`]: the `SOFTRDMA_CONFIG` file.
+//! - [`DeviceInfo`]: one device, with its [`DeviceAttr`], [`PortAttr`] and [`Gid`].
+//! - [`list_devices`], [`find_device`], [`device_for_ip`]: the device list.
+
+mod attrs;
+mod config;
+mod discover;
+mod gid;
+mod info;
+mod netif;
+mod transport;
+
+pub use attrs::{limits, AtomicCap, DeviceAttr, Mtu, PortAttr, PortState};
+pub use config::{Config, DeviceSpec, CONFIG_ENV};
+pub use discover::{device_for_ip, devices_from, find_device, list_devices};
+pub use gid::{format_guid, Gid};
+pub use info::{DeviceInfo, LOOPBACK_DISABLED_BY_CONFIG};
+pub use netif::{list_interfaces, IfAddr, IfFlags, NetIf};
+pub use transport::TransportKind;

@@ -1,0 +1,141 @@
+//! Runs the built `softrdma devices` binary against the host and against config files.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn softrdma(config: Option<&PathBuf>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+    cmd.args(args).env_remove("RUST_LOG");
+    match config {
+        Some(path) => cmd.env("SOFTRDMA_CONFIG", path),
+        None => cmd.env_remove("SOFTRDMA_CONFIG"),
+    };
+    cmd.output().expect("run softrdma")
+}
+
+/// A config file unique to this test, removed on drop.
+struct TempConfig(PathBuf);
+
+impl TempConfig {
+    fn new(tag: &str, text: &str) -> TempConfig {
+        let path = std::env::temp_dir().join(format!("softrdma-devices-cli-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&path, text).expect("write temp config");
+        TempConfig(path)
+    }
+}
+
+impl Drop for TempConfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn json_devices(out: &Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "softrdma failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match serde_json::from_slice(&out.stdout).expect("stdout is JSON") {
+        Value::Array(devices) => devices,
+        other => panic!("expected a JSON array, got {other}"),
+    }
+}
+
+#[test]
+fn default_list_has_siw_lo_with_loopback() {
+    let devices = json_devices(&softrdma(None, &["devices", "--json"]));
+    let lo = devices
+        .iter()
+        .find(|d| d["name"] == "siw_lo")
+        .expect("siw_lo is listed");
+    assert_eq!(lo["transport"], "iwarp");
+    assert_eq!(lo["netdev"], "lo");
+    assert_eq!(lo["loopback"], true);
+    assert_eq!(lo["loopback_reason"], Value::Null);
+    assert_eq!(lo["port_state"], "ACTIVE");
+    assert!(lo["ifindex"].as_u64().is_some_and(|i| i > 0));
+    assert!(lo["mtu"].as_u64().is_some_and(|m| m > 0));
+    let addrs = lo["addresses"].as_array().expect("addresses array");
+    assert!(addrs.iter().any(|a| a == "127.0.0.1"), "{addrs:?}");
+    assert_eq!(lo["gid0"].as_str().map(str::len), Some(39));
+    assert_eq!(lo["node_guid"].as_str().map(str::len), Some(19));
+    assert_eq!(devices[0]["name"], "siw_lo", "lo comes first");
+}
+
+#[test]
+fn table_lists_siw_lo() {
+    let out = softrdma(None, &["devices"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let mut lines = text.lines();
+    let header = lines.next().expect("header");
+    for col in ["NAME", "TRANSPORT", "NETDEV", "ADDRESSES", "PORT", "MTU", "LOOPBACK"] {
+        assert!(header.contains(col), "{header}");
+    }
+    let lo = lines.find(|l| l.starts_with("siw_lo ")).expect("siw_lo row");
+    assert!(lo.contains("127.0.0.1") && lo.contains("ACTIVE") && lo.ends_with("yes"));
+}
+
+#[test]
+fn config_replaces_the_list() {
+    let cfg = TempConfig::new(
+        "lo-no-loopback",
+        "# one device only\n[[device]]\nname = \"siw_lo\"\ntransport = \"iwarp\"\n\
+         netdev = \"lo\"\nloopback = false\n",
+    );
+    let devices = json_devices(&softrdma(Some(&cfg.0), &["devices", "--json"]));
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0]["name"], "siw_lo");
+    assert_eq!(devices[0]["netdev"], "lo");
+    assert_eq!(devices[0]["loopback"], false);
+    assert_eq!(devices[0]["loopback_reason"], "loopback disabled by config");
+    let table = softrdma(Some(&cfg.0), &["devices"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("no (loopback disabled by config)"), "{text}");
+}
+
+#[test]
+fn broken_config_fails_naming_the_line() {
+    let cfg = TempConfig::new(
+        "unknown-key",
+        "[[device]]\nname = \"siw_lo\"\ntransport = \"iwarp\"\nnetdev = \"lo\"\nloopbak = false\n",
+    );
+    let out = softrdma(Some(&cfg.0), &["devices", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("softrdma: "), "{err}");
+    assert!(err.contains(&cfg.0.display().to_string()), "{err}");
+    assert!(err.contains("line 5"), "{err}");
+    assert!(err.contains("loopbak"), "{err}");
+}
+
+#[test]
+fn unknown_netdev_fails_naming_the_line() {
+    let cfg = TempConfig::new(
+        "no-such-netdev",
+        "[[device]]\nname = \"siw_lo\"\ntransport = \"iwarp\"\nnetdev = \"lo\"\n\n\
+         [[device]]\nname = \"siw_x\"\ntransport = \"iwarp\"\nnetdev = \"softrdma-nx0\"\n",
+    );
+    let out = softrdma(Some(&cfg.0), &["devices"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 6"), "{err}");
+    assert!(err.contains("softrdma-nx0"), "{err}");
+}
+
+#[test]
+fn roce_is_refused_for_now() {
+    let cfg = TempConfig::new(
+        "roce",
+        "[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n",
+    );
+    let out = softrdma(Some(&cfg.0), &["devices"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 1"), "{err}");
+    assert!(err.contains("transport roce is not available yet"), "{err}");
+}

@@ -1,0 +1,267 @@
+//! The soft-iWARP protocol engine for one connected QP, sans-I/O.
+//!
+//! Bytes from the TCP stream go in ([`Engine::rx_space`] + [`Engine::rx_commit`]); bytes to
+//! send come out ([`Engine::fill_tx`], [`Engine::tx_pending`], [`Engine::tx_consumed`]).
+//! The engine reads the QP's send and receive queues, places data into registered memory
+//! after checking keys, PD, rights and bounds, and reports completions. It never touches a
+//! socket, a clock or a thread, so every case runs in a unit test with two engines wired
+//! back to back.
+
+mod inflight;
+mod rx;
+mod term;
+mod tx;
+
+#[cfg(test)]
+mod tests;
+
+use inflight::Inflight;
+use softrdma_verbs::mr::MrInner;
+use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::RecvWr;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+pub use term::terminate_status;
+
+/// Largest payload per DDP segment (keeps each ULPDU under the 16-bit MPA length).
+pub const MAX_SEGMENT_PAYLOAD: usize = 65_536 - 64;
+/// TX bytes the engine prepares ahead of the socket.
+pub const TX_HIGH_WATER: usize = 512 * 1024;
+/// Confirmed-completion fences are also sent after this many unconfirmed bytes.
+pub const FENCE_BYTES: u64 = 4 << 20;
+
+/// Settings fixed at connection time.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// CRC32c on FPDUs.
+    pub crc: bool,
+    /// Incoming READs accepted at once.
+    pub ird: u32,
+    /// Outgoing READs outstanding at once.
+    pub ord: u32,
+    /// This side opened the connection.
+    pub initiator: bool,
+    /// Peer-to-peer mode: the initiator sends a zero-length READ first.
+    pub rtr: bool,
+}
+
+/// Where the engine is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Moving data.
+    Running,
+    /// A Terminate is queued; no more data goes out; close once it is sent.
+    Terminating,
+    /// The QP is in ERR and everything is flushed; the stream should close.
+    Closed,
+}
+
+/// A contiguous piece of a local buffer.
+#[derive(Debug, Clone)]
+pub(crate) struct Piece {
+    mr: Arc<MrInner>,
+    off: usize,
+    len: usize,
+}
+
+/// Bytes of an outgoing message.
+#[derive(Debug, Clone)]
+pub(crate) enum Payload {
+    Inline(Vec<u8>),
+    Pieces(Vec<Piece>),
+}
+
+/// One message being segmented onto the wire.
+#[derive(Debug)]
+pub(crate) struct TxMsg {
+    header: TxHeader,
+    payload: Payload,
+    total: usize,
+    sent: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TxHeader {
+    Untagged {
+        opcode: softrdma_wire::Opcode,
+        msn: u32,
+        inval_stag: u32,
+    },
+    Tagged {
+        opcode: softrdma_wire::Opcode,
+        stag: u32,
+        to: u64,
+    },
+}
+
+/// An RDMA READ this side issued and awaits.
+#[derive(Debug)]
+pub(crate) struct OrqEntry {
+    seq: u64,
+    sink_to: u64,
+    total: usize,
+    placed: usize,
+    dst: Vec<Piece>,
+}
+
+/// A Read Response this side owes the peer.
+#[derive(Debug)]
+pub(crate) struct ReadResp {
+    src: Option<Arc<MrInner>>,
+    off: usize,
+    len: usize,
+    sink_stag: u32,
+    sink_to: u64,
+}
+
+/// A SEND being received into a posted RECV.
+#[derive(Debug)]
+pub(crate) struct RecvInProgress {
+    wqe: RecvWr,
+    dst: Vec<Piece>,
+    capacity: usize,
+    received: usize,
+}
+
+/// Counters for tests, tools and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// FPDUs sent.
+    pub tx_fpdus: u64,
+    /// FPDUs received.
+    pub rx_fpdus: u64,
+    /// Payload bytes placed into local memory.
+    pub rx_placed: u64,
+    /// Fence READs sent.
+    pub fences: u64,
+    /// Terminates sent.
+    pub terminates_sent: u64,
+    /// Terminates received.
+    pub terminates_received: u64,
+}
+
+/// The engine.
+#[derive(Debug)]
+pub struct Engine {
+    qp: Arc<QpInner>,
+    cfg: EngineConfig,
+    phase: Phase,
+    // transmit
+    tx: Vec<u8>,
+    tx_off: usize,
+    tx_enabled: bool,
+    rtr_pending: bool,
+    cur: Option<TxMsg>,
+    send_msn: u32,
+    rreq_msn: u32,
+    term_msn: u32,
+    irq: VecDeque<ReadResp>,
+    orq: VecDeque<OrqEntry>,
+    inflight: Inflight,
+    unconfirmed_bytes: u64,
+    // receive
+    rx: Vec<u8>,
+    rx_len: usize,
+    recv_msn: u32,
+    rreq_msn_expected: u32,
+    cur_recv: Option<RecvInProgress>,
+    /// Human-readable reason the engine stopped, if it did.
+    pub close_reason: Option<String>,
+    /// Counters.
+    pub stats: Stats,
+}
+
+impl Engine {
+    /// An engine for a QP whose connection just completed MPA setup.
+    pub fn new(qp: Arc<QpInner>, cfg: EngineConfig) -> Engine {
+        let rtr_pending = cfg.rtr && cfg.initiator;
+        Engine {
+            qp,
+            phase: Phase::Running,
+            tx: Vec::with_capacity(TX_HIGH_WATER + 2 * MAX_SEGMENT_PAYLOAD),
+            tx_off: 0,
+            // The responder sends nothing before the initiator's first FPDU (RFC 5044 §7.1.5);
+            // in peer-to-peer mode that FPDU is the RTR, sent at once.
+            tx_enabled: cfg.initiator,
+            rtr_pending,
+            cur: None,
+            send_msn: 1,
+            rreq_msn: 1,
+            term_msn: 1,
+            irq: VecDeque::new(),
+            orq: VecDeque::new(),
+            inflight: Inflight::default(),
+            unconfirmed_bytes: 0,
+            rx: vec![0u8; 256 * 1024],
+            rx_len: 0,
+            recv_msn: 1,
+            rreq_msn_expected: 1,
+            cur_recv: None,
+            close_reason: None,
+            stats: Stats::default(),
+            cfg,
+        }
+    }
+
+    /// The QP this engine serves.
+    pub fn qp(&self) -> &Arc<QpInner> {
+        &self.qp
+    }
+
+    /// Where the engine is.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// True if sent work still awaits confirmation or READ data.
+    pub fn has_inflight(&self) -> bool {
+        !self.inflight.is_empty()
+    }
+
+    /// The QP moved to ERR (by the application or destroy): flush in order and stop.
+    pub fn local_error(&mut self, reason: &str) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        self.fail_all(None, softrdma_verbs::WcStatus::WrFlushErr, 0, reason.to_string());
+    }
+
+    /// The TCP stream ended or broke: flush everything with WR_FLUSH_ERR.
+    pub fn peer_closed(&mut self, reason: &str) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        self.fail_all(None, softrdma_verbs::WcStatus::WrFlushErr, 0, reason.to_string());
+    }
+
+    /// Moves the QP to ERR: the named in-flight entry gets `status`, everything else flushes.
+    pub(crate) fn fail_all(
+        &mut self,
+        target: Option<u64>,
+        status: softrdma_verbs::WcStatus,
+        vendor_err: u32,
+        reason: String,
+    ) {
+        let qp = self.qp.clone();
+        let (sends, recvs) = qp.enter_error();
+        self.inflight.fail(target, status, vendor_err, &qp);
+        self.orq.clear();
+        self.irq.clear();
+        if let Some(tx) = self.cur.take() {
+            drop(tx);
+        }
+        let mut recvs_all: Vec<RecvWr> = Vec::new();
+        if let Some(r) = self.cur_recv.take() {
+            recvs_all.push(r.wqe);
+        }
+        recvs_all.extend(recvs);
+        qp.flush(sends, recvs_all);
+        if self.close_reason.is_none() {
+            self.close_reason = Some(reason);
+        }
+        if self.phase == Phase::Running {
+            self.phase = Phase::Closed;
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Receive: FPDUs from the stream → placement, receive completions, READ responses, Terminates.
+
+use super::term::{read_error, tagged_error};
+use super::{Engine, Phase, Piece, ReadResp, RecvInProgress};
+use softrdma_verbs::mr::{check_local, check_remote, invalidate_remote};
+use softrdma_verbs::wr::wc_flags;
+use softrdma_verbs::{Access, WcOpcode, WcStatus, WorkCompletion};
+use softrdma_wire::{
+    parse_fpdu, term, DdpHeader, Opcode, ReadRequest, SegmentHeader, TermLayer, Terminate, WireError, QN_READ_REQUEST,
+    QN_SEND, QN_TERMINATE,
+};
+
+/// Scatters `data` into `pieces` starting at byte `at` of the buffer list.
+fn scatter(pieces: &[Piece], mut at: usize, mut data: &[u8]) -> bool {
+    for p in pieces {
+        if data.is_empty() {
+            break;
+        }
+        if at >= p.len {
+            at -= p.len;
+            continue;
+        }
+        let take = (p.len - at).min(data.len());
+        if !p.mr.region.write(p.off + at, &data[..take]) {
+            return false;
+        }
+        data = &data[take..];
+        at = 0;
+    }
+    data.is_empty()
+}
+
+impl Engine {
+    /// Free space to read socket bytes into (at least 64 KiB).
+    pub fn rx_space(&mut self) -> &mut [u8] {
+        if self.rx.len() - self.rx_len < 64 * 1024 {
+            let grow = (self.rx.len() * 2).max(self.rx_len + 64 * 1024);
+            self.rx.resize(grow, 0);
+        }
+        &mut self.rx[self.rx_len..]
+    }
+
+    /// `n` bytes were read into [`Engine::rx_space`]: process every complete FPDU.
+    pub fn rx_commit(&mut self, n: usize) {
+        self.rx_len = (self.rx_len + n).min(self.rx.len());
+        let mut pos = 0;
+        while self.phase == Phase::Running {
+            let buf = &self.rx[pos..self.rx_len];
+            match parse_fpdu(buf, self.cfg.crc) {
+                Ok(None) => break,
+                Ok(Some(f)) => {
+                    let (start, len, wire) = (pos + 2, f.ulpdu.len(), f.wire_len);
+                    // Take the ULPDU out of the buffer borrow for the handler.
+                    let ulpdu = std::mem::take(&mut self.rx);
+                    self.on_ulpdu(&ulpdu[start..start + len]);
+                    self.rx = ulpdu;
+                    pos += wire;
+                    self.stats.rx_fpdus += 1;
+                }
+                Err(WireError::BadCrc { got, computed }) => {
+                    let why = format!("MPA CRC error: FPDU carries {got:#010x}, computed {computed:#010x}");
+                    self.send_terminate((TermLayer::Llp, term::llp::MPA, term::llp::CRC_ERROR), None, why);
+                }
+                Err(e) => {
+                    self.send_terminate(
+                        (TermLayer::Llp, term::llp::MPA, term::llp::TCP_STREAM_LOST),
+                        None,
+                        format!("bad FPDU: {e}"),
+                    );
+                }
+            }
+        }
+        if self.phase != Phase::Running {
+            self.rx_len = 0;
+            return;
+        }
+        self.rx.copy_within(pos..self.rx_len, 0);
+        self.rx_len -= pos;
+    }
+
+    fn on_ulpdu(&mut self, ulpdu: &[u8]) {
+        self.tx_enabled = true;
+        let (hdr, hlen) = match SegmentHeader::parse(ulpdu) {
+            Ok(h) => h,
+            Err(e) => {
+                let codes = match e {
+                    WireError::BadDdpVersion(_) => (
+                        TermLayer::Ddp,
+                        term::ddp::UNTAGGED_BUFFER,
+                        term::ddp::untagged::INVALID_DDP_VERSION,
+                    ),
+                    WireError::BadRdmapVersion(_) => (
+                        TermLayer::Rdmap,
+                        term::rdmap::REMOTE_OPERATION,
+                        term::rdmap::INVALID_RDMAP_VERSION,
+                    ),
+                    WireError::UnknownOpcode(_) => (
+                        TermLayer::Rdmap,
+                        term::rdmap::REMOTE_OPERATION,
+                        term::rdmap::UNEXPECTED_OPCODE,
+                    ),
+                    _ => (TermLayer::Ddp, term::ddp::CATASTROPHIC, 0),
+                };
+                return self.send_terminate(codes, Some(ulpdu), format!("malformed segment: {e}"));
+            }
+        };
+        let payload = &ulpdu[hlen..];
+        match (hdr.opcode, hdr.ddp) {
+            (Opcode::RdmaWrite, DdpHeader::Tagged { stag, to }) => self.on_write(stag, to, payload, ulpdu),
+            (Opcode::ReadResponse, DdpHeader::Tagged { stag: _, to }) => {
+                self.on_read_response(to, hdr.last, payload, ulpdu)
+            }
+            (Opcode::ReadRequest, DdpHeader::Untagged { qn, msn, mo, .. }) => {
+                self.on_read_request(qn, msn, mo, payload, ulpdu)
+            }
+            (Opcode::Terminate, DdpHeader::Untagged { qn, .. }) => {
+                if qn != QN_TERMINATE {
+                    return self.untagged_error(
+                        term::ddp::untagged::INVALID_QN,
+                        ulpdu,
+                        format!("Terminate on queue {qn}"),
+                    );
+                }
+                match Terminate::parse(payload) {
+                    Ok(t) => self.on_terminate(t),
+                    Err(e) => {
+                        let why = format!("peer sent an unparsable Terminate: {e}");
+                        self.fail_all(None, WcStatus::WrFlushErr, 0, why);
+                    }
+                }
+            }
+            (
+                op,
+                DdpHeader::Untagged {
+                    inval_stag,
+                    qn,
+                    msn,
+                    mo,
+                },
+            ) => self.on_send(op, inval_stag, qn, msn, mo, hdr.last, payload, ulpdu),
+            (op, _) => self.send_terminate(
+                (
+                    TermLayer::Rdmap,
+                    term::rdmap::REMOTE_OPERATION,
+                    term::rdmap::UNEXPECTED_OPCODE,
+                ),
+                Some(ulpdu),
+                format!("opcode {op:?} with the wrong DDP model"),
+            ),
+        }
+    }
+
+    fn untagged_error(&mut self, code: u8, ulpdu: &[u8], why: String) {
+        self.send_terminate((TermLayer::Ddp, term::ddp::UNTAGGED_BUFFER, code), Some(ulpdu), why);
+    }
+
+    fn on_write(&mut self, stag: u32, to: u64, payload: &[u8], ulpdu: &[u8]) {
+        if payload.is_empty() {
+            return;
+        }
+        let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE);
+        let checked = if qp_ok {
+            check_remote(stag, self.qp.pd.id(), to, payload.len() as u64, Access::REMOTE_WRITE)
+        } else {
+            Err(softrdma_verbs::mr::KeyError::Rights)
+        };
+        match checked {
+            Ok((mr, off)) => {
+                mr.region.write(off, payload);
+                self.stats.rx_placed += payload.len() as u64;
+            }
+            Err(e) => {
+                let why = format!(
+                    "RDMA WRITE to STag {stag:#x} TO {to:#x} len {}: {e}{}",
+                    payload.len(),
+                    if qp_ok { "" } else { " (QP lacks REMOTE_WRITE)" }
+                );
+                self.send_terminate(tagged_error(e), Some(ulpdu), why);
+            }
+        }
+    }
+
+    fn on_read_request(&mut self, qn: u32, msn: u32, mo: u32, payload: &[u8], ulpdu: &[u8]) {
+        if qn != QN_READ_REQUEST {
+            return self.untagged_error(
+                term::ddp::untagged::INVALID_QN,
+                ulpdu,
+                format!("READ request on queue {qn}"),
+            );
+        }
+        if msn != self.rreq_msn_expected {
+            return self.untagged_error(
+                term::ddp::untagged::INVALID_MSN_RANGE,
+                ulpdu,
+                format!("READ request MSN {msn}, expected {}", self.rreq_msn_expected),
+            );
+        }
+        if mo != 0 {
+            return self.untagged_error(term::ddp::untagged::INVALID_MO, ulpdu, format!("READ request MO {mo}"));
+        }
+        let rr = match ReadRequest::parse(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                return self.send_terminate(
+                    (
+                        TermLayer::Rdmap,
+                        term::rdmap::REMOTE_OPERATION,
+                        term::rdmap::CATASTROPHIC_STREAM,
+                    ),
+                    Some(ulpdu),
+                    format!("bad READ request: {e}"),
+                )
+            }
+        };
+        self.rreq_msn_expected = self.rreq_msn_expected.wrapping_add(1);
+        if self.irq.len() >= self.cfg.ird.max(1) as usize {
+            return self.send_terminate(
+                (
+                    TermLayer::Rdmap,
+                    term::rdmap::REMOTE_OPERATION,
+                    term::rdmap::CATASTROPHIC_STREAM,
+                ),
+                Some(ulpdu),
+                format!("more than IRD {} READ requests outstanding", self.cfg.ird.max(1)),
+            );
+        }
+        let src = if rr.size == 0 {
+            None
+        } else {
+            let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_READ);
+            let checked = if qp_ok {
+                check_remote(
+                    rr.src_stag,
+                    self.qp.pd.id(),
+                    rr.src_to,
+                    rr.size as u64,
+                    Access::REMOTE_READ,
+                )
+            } else {
+                Err(softrdma_verbs::mr::KeyError::Rights)
+            };
+            match checked {
+                Ok((mr, off)) => Some((mr, off)),
+                Err(e) => {
+                    let why = format!(
+                        "RDMA READ of STag {:#x} TO {:#x} len {}: {e}",
+                        rr.src_stag, rr.src_to, rr.size
+                    );
+                    return self.send_terminate(read_error(e), Some(ulpdu), why);
+                }
+            }
+        };
+        let (mr, off) = match src {
+            Some((mr, off)) => (Some(mr), off),
+            None => (None, 0),
+        };
+        self.irq.push_back(ReadResp {
+            src: mr,
+            off,
+            len: rr.size as usize,
+            sink_stag: rr.sink_stag,
+            sink_to: rr.sink_to,
+        });
+    }
+
+    fn on_read_response(&mut self, to: u64, last: bool, payload: &[u8], ulpdu: &[u8]) {
+        let Some(entry) = self.orq.front_mut() else {
+            return self.send_terminate(
+                (
+                    TermLayer::Rdmap,
+                    term::rdmap::REMOTE_OPERATION,
+                    term::rdmap::UNEXPECTED_OPCODE,
+                ),
+                Some(ulpdu),
+                "READ response with no READ outstanding".into(),
+            );
+        };
+        let at = to.wrapping_sub(entry.sink_to) as usize;
+        let fits = at == entry.placed && at.checked_add(payload.len()).is_some_and(|e| e <= entry.total);
+        if !fits || !scatter(&entry.dst, at, payload) {
+            let why = format!(
+                "READ response at offset {at} len {} outside the {}-byte sink",
+                payload.len(),
+                entry.total
+            );
+            return self.send_terminate(
+                (TermLayer::Ddp, term::ddp::TAGGED_BUFFER, term::ddp::tagged::BASE_BOUNDS),
+                Some(ulpdu),
+                why,
+            );
+        }
+        entry.placed += payload.len();
+        self.stats.rx_placed += payload.len() as u64;
+        if last {
+            let seq = entry.seq;
+            self.orq.pop_front();
+            let qp = self.qp.clone();
+            self.inflight.confirm_through(seq, &qp);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_send(
+        &mut self,
+        op: Opcode,
+        inval_stag: u32,
+        qn: u32,
+        msn: u32,
+        mo: u32,
+        last: bool,
+        payload: &[u8],
+        ulpdu: &[u8],
+    ) {
+        if qn != QN_SEND {
+            return self.untagged_error(term::ddp::untagged::INVALID_QN, ulpdu, format!("SEND on queue {qn}"));
+        }
+        if msn != self.recv_msn {
+            return self.untagged_error(
+                term::ddp::untagged::INVALID_MSN_RANGE,
+                ulpdu,
+                format!("SEND MSN {msn}, expected {}", self.recv_msn),
+            );
+        }
+        if self.cur_recv.is_none() {
+            if mo != 0 {
+                return self.untagged_error(
+                    term::ddp::untagged::INVALID_MO,
+                    ulpdu,
+                    format!("first SEND segment has MO {mo}"),
+                );
+            }
+            let Some(wqe) = self.qp.take_recv() else {
+                let why = format!(
+                    "SEND (MSN {msn}, {} bytes) arrived with no receive buffer posted",
+                    payload.len()
+                );
+                return self.untagged_error(term::ddp::untagged::INVALID_MSN_NO_BUFFER, ulpdu, why);
+            };
+            let pd = self.qp.pd.id();
+            let mut dst = Vec::new();
+            let mut capacity = 0usize;
+            for s in wqe.sg_list.iter().filter(|s| s.length > 0) {
+                match check_local(s.lkey, pd, s.addr, s.length as u64, true) {
+                    Ok((mr, off)) => dst.push(Piece {
+                        mr,
+                        off,
+                        len: s.length as usize,
+                    }),
+                    Err(e) => {
+                        let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn);
+                        wc.byte_len = 0;
+                        self.qp.complete_recv(wc);
+                        let why = format!("receive WR {:#x}: lkey {:#x}: {e}", wqe.wr_id, s.lkey);
+                        return self.send_terminate(
+                            (TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0),
+                            Some(ulpdu),
+                            why,
+                        );
+                    }
+                }
+                capacity += s.length as usize;
+            }
+            self.cur_recv = Some(RecvInProgress {
+                wqe,
+                dst,
+                capacity,
+                received: 0,
+            });
+        }
+        let Some(received) = self.cur_recv.as_ref().map(|r| r.received) else {
+            return;
+        };
+        if mo as usize != received {
+            return self.untagged_error(
+                term::ddp::untagged::INVALID_MO,
+                ulpdu,
+                format!("SEND segment MO {mo}, expected {received}"),
+            );
+        }
+        let Some(r) = self.cur_recv.as_mut() else { return };
+        let end = r.received + payload.len();
+        if end > r.capacity {
+            let Some(r) = self.cur_recv.take() else { return };
+            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qp.qpn);
+            wc.byte_len = end as u32;
+            self.qp.complete_recv(wc);
+            let why = format!(
+                "SEND of at least {end} bytes does not fit the {}-byte receive buffer (WR {:#x})",
+                r.capacity, r.wqe.wr_id
+            );
+            return self.untagged_error(term::ddp::untagged::MSG_TOO_LONG, ulpdu, why);
+        }
+        scatter(&r.dst, r.received, payload);
+        r.received = end;
+        self.stats.rx_placed += payload.len() as u64;
+        if !last {
+            return;
+        }
+        let Some(r) = self.cur_recv.take() else { return };
+        self.recv_msn = self.recv_msn.wrapping_add(1);
+        let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qp.qpn);
+        wc.byte_len = r.received as u32;
+        wc.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
+        if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
+            if let Err(e) = invalidate_remote(inval_stag, self.qp.pd.id()) {
+                self.qp.complete_recv(wc);
+                let why = format!("SEND with invalidate of STag {inval_stag:#x}: {e}");
+                return self.send_terminate(
+                    (
+                        TermLayer::Rdmap,
+                        term::rdmap::REMOTE_OPERATION,
+                        term::rdmap::STAG_CANNOT_INVALIDATE,
+                    ),
+                    Some(ulpdu),
+                    why,
+                );
+            }
+            wc.wc_flags |= wc_flags::WITH_INV;
+            wc.imm_data = inval_stag;
+        }
+        self.qp.complete_recv(wc);
+    }
+}

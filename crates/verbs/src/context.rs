@@ -1,0 +1,54 @@
+//! An opened device.
+
+use crate::channel::CompChannel;
+use crate::cq::Cq;
+use crate::device::DeviceInfo;
+use crate::pd::Pd;
+use crate::Result;
+use std::sync::Arc;
+
+#[derive(Debug)]
+struct ContextInner {
+    device: DeviceInfo,
+}
+
+/// An open device context (`ibv_context`). Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Context {
+    /// Opens a device.
+    pub fn open(device: &DeviceInfo) -> Result<Context> {
+        Ok(Context {
+            inner: Arc::new(ContextInner { device: device.clone() }),
+        })
+    }
+
+    /// Opens the device with this name (ENODEV names the ones that exist).
+    pub fn open_by_name(name: &str) -> Result<Context> {
+        Context::open(&crate::device::find_device(name)?)
+    }
+
+    /// The device this context was opened on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.inner.device
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        Ok(Pd::new(self.clone()))
+    }
+
+    /// Creates a completion channel.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        CompChannel::new()
+    }
+
+    /// Creates a CQ with room for at least `cqe` entries, optionally tied to a channel.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let max = self.inner.device.attr().max_cqe.max(1) as u32;
+        Cq::new(cqe, max, channel.cloned())
+    }
+}

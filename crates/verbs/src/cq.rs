@@ -1,0 +1,199 @@
+//! Completion queues.
+//!
+//! Producers (the progress thread) push completions under a short mutex; a poller takes them
+//! with no syscall and no wakeup on its path. Arming (`req_notify`) makes the next qualifying
+//! completion post one event to the completion channel.
+
+use crate::channel::CompChannel;
+use crate::wr::WorkCompletion;
+use crate::{bail, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    No,
+    Next,
+    Solicited,
+}
+
+#[derive(Debug)]
+struct CqState {
+    entries: VecDeque<WorkCompletion>,
+    armed: Armed,
+    overflowed: bool,
+}
+
+/// Shared CQ state.
+#[derive(Debug)]
+pub struct CqInner {
+    id: u64,
+    capacity: usize,
+    state: Mutex<CqState>,
+    channel: Option<CompChannel>,
+    events_acked: AtomicU32,
+    events_delivered: AtomicU32,
+    /// QPs and SRQs that use this CQ.
+    pub users: AtomicU32,
+}
+
+impl CqInner {
+    /// Appends a completion; posts a channel event if armed for it. Returns false on overflow.
+    pub fn push(self: &Arc<Self>, wc: WorkCompletion) -> bool {
+        let notify = {
+            let Ok(mut st) = self.state.lock() else { return false };
+            if st.entries.len() >= self.capacity {
+                if !st.overflowed {
+                    tracing::error!(
+                        cq = self.id,
+                        capacity = self.capacity,
+                        "CQ overflow: completion dropped"
+                    );
+                }
+                st.overflowed = true;
+                return false;
+            }
+            st.entries.push_back(wc);
+            let fire = match st.armed {
+                Armed::Next => true,
+                Armed::Solicited => wc.solicited || wc.status != crate::wr::WcStatus::Success,
+                Armed::No => false,
+            };
+            if fire {
+                st.armed = Armed::No;
+            }
+            fire
+        };
+        if notify {
+            if let Some(ch) = &self.channel {
+                self.events_delivered.fetch_add(1, Ordering::Relaxed);
+                ch.inner.notify(Arc::downgrade(self));
+            }
+        }
+        true
+    }
+
+    /// Process-unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A completion queue (`ibv_cq`). Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Cq {
+    inner: Arc<CqInner>,
+}
+
+impl Cq {
+    pub(crate) fn new(cqe: u32, max: u32, channel: Option<CompChannel>) -> Result<Cq> {
+        if cqe == 0 || cqe > max {
+            bail!(Inval, "create_cq: {cqe} entries requested; the device allows 1..={max}");
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                id: NEXT.fetch_add(1, Ordering::Relaxed),
+                capacity: cqe as usize,
+                state: Mutex::new(CqState {
+                    entries: VecDeque::with_capacity(cqe.min(4096) as usize),
+                    armed: Armed::No,
+                    overflowed: false,
+                }),
+                channel,
+                events_acked: AtomicU32::new(0),
+                events_delivered: AtomicU32::new(0),
+                users: AtomicU32::new(0),
+            }),
+        })
+    }
+
+    pub(crate) fn from_inner(inner: Arc<CqInner>) -> Cq {
+        Cq { inner }
+    }
+
+    /// Shared state (for producers).
+    pub fn inner(&self) -> &Arc<CqInner> {
+        &self.inner
+    }
+
+    /// Capacity in entries.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// Takes up to `out.len()` completions; returns how many (`ibv_poll_cq`).
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let Ok(mut st) = self.inner.state.lock() else { return 0 };
+        let n = out.len().min(st.entries.len());
+        for slot in out.iter_mut().take(n) {
+            if let Some(wc) = st.entries.pop_front() {
+                *slot = wc;
+            }
+        }
+        n
+    }
+
+    /// Takes one completion, if any.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        self.inner.state.lock().ok()?.entries.pop_front()
+    }
+
+    /// True once a completion was dropped because the CQ was full.
+    pub fn overflowed(&self) -> bool {
+        self.inner.state.lock().map(|s| s.overflowed).unwrap_or(true)
+    }
+
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion (or the next solicited or error
+    /// completion) posts one event to the channel. Completions already queued do not fire.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.channel.is_none() {
+            bail!(Inval, "req_notify_cq: CQ {} has no completion channel", self.inner.id);
+        }
+        let Ok(mut st) = self.inner.state.lock() else {
+            bail!(Io, "req_notify_cq: CQ {} state poisoned", self.inner.id)
+        };
+        st.armed = match (st.armed, solicited_only) {
+            (Armed::Next, _) | (_, false) => Armed::Next,
+            _ => Armed::Solicited,
+        };
+        Ok(())
+    }
+
+    /// Acknowledges `n` events taken with `get_cq_event`.
+    pub fn ack_events(&self, n: u32) {
+        self.inner.events_acked.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Events delivered but not yet acknowledged.
+    pub fn unacked_events(&self) -> u32 {
+        self.inner
+            .events_delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.inner.events_acked.load(Ordering::Relaxed))
+    }
+
+    /// Destroys the CQ: EBUSY while a QP or SRQ uses it.
+    pub fn destroy(self) -> Result<()> {
+        let users = self.inner.users.load(Ordering::Relaxed);
+        if users > 0 {
+            bail!(Busy, "destroy_cq {}: still used by {users} QP(s)", self.inner.id);
+        }
+        Ok(())
+    }
+
+    /// Polls until `n` completions arrived or `timeout` passed (for tests and tools).
+    pub fn wait_for(&self, n: usize, timeout: std::time::Duration) -> Vec<WorkCompletion> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            match self.poll_one() {
+                Some(wc) => got.push(wc),
+                None if std::time::Instant::now() >= deadline => break,
+                None => std::thread::sleep(std::time::Duration::from_micros(200)),
+            }
+        }
+        got
+    }
+}

@@ -1,0 +1,317 @@
+//! Memory regions and the process-wide key table.
+//!
+//! Keys are unguessable: 24 random bits from the OS CSPRNG plus an 8-bit generation counter,
+//! never 0, never a key that is live. A deregistered key stops working at once: the table
+//! entry is removed before `dereg` returns, so a remote access that races it fails the lookup.
+
+use crate::memory::MemRegion;
+use crate::pd::Pd;
+use crate::wr::Access;
+use crate::{bail, Errno, Error, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// The registered state of one MR, shared with the data path.
+#[derive(Debug)]
+pub struct MrInner {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key (the iWARP STag).
+    pub rkey: u32,
+    /// Owning protection domain id.
+    pub pd_id: u64,
+    /// Address the peer and the SGEs use for byte 0 of the region (`iova`).
+    pub iova: u64,
+    /// Access rights.
+    pub access: Access,
+    /// The memory.
+    pub region: MemRegion,
+    /// Cleared by SEND_WITH_INV: the rkey then refuses remote access.
+    pub remote_valid: AtomicBool,
+}
+
+/// Why a key check failed. Maps onto iWARP Terminate codes and IB NAKs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyError {
+    /// No such key, or it was invalidated.
+    InvalidKey,
+    /// The key belongs to another protection domain.
+    WrongPd,
+    /// The range leaves the region.
+    Bounds,
+    /// The region lacks the needed access flag.
+    Rights,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyError::InvalidKey => "invalid key",
+            KeyError::WrongPd => "key belongs to another protection domain",
+            KeyError::Bounds => "range outside the memory region",
+            KeyError::Rights => "access flag missing",
+        })
+    }
+}
+
+impl MrInner {
+    /// Checks `[addr, addr+len)` against the region and `need`; returns the byte offset.
+    pub fn check_range(&self, addr: u64, len: u64, need: Access) -> std::result::Result<usize, KeyError> {
+        if !self.access.contains(need) {
+            return Err(KeyError::Rights);
+        }
+        let off = addr.checked_sub(self.iova).ok_or(KeyError::Bounds)?;
+        let end = off.checked_add(len).ok_or(KeyError::Bounds)?;
+        if end > self.region.len() as u64 {
+            return Err(KeyError::Bounds);
+        }
+        Ok(off as usize)
+    }
+}
+
+#[derive(Default)]
+struct KeyTable {
+    by_key: HashMap<u32, Arc<MrInner>>,
+}
+
+fn table() -> &'static RwLock<KeyTable> {
+    static T: OnceLock<RwLock<KeyTable>> = OnceLock::new();
+    T.get_or_init(|| RwLock::new(KeyTable::default()))
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    if getrandom::getrandom(&mut b).is_err() {
+        // The OS RNG failing is not input-reachable; fall back to time-seeded bits rather than panic.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0x5eed);
+        return t.wrapping_mul(0x9e37_79b9);
+    }
+    u32::from_ne_bytes(b)
+}
+
+fn new_key(t: &KeyTable) -> u32 {
+    static GEN: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let gen = GEN.fetch_add(1, Ordering::Relaxed) & 0xff;
+        let key = (random_u32() & 0xffff_ff00) | gen;
+        if key != 0 && !t.by_key.contains_key(&key) {
+            return key;
+        }
+    }
+}
+
+/// Looks up a key for the data path. Invalidated keys are reported as `InvalidKey`.
+pub fn lookup_key(key: u32) -> std::result::Result<Arc<MrInner>, KeyError> {
+    let t = table().read().map_err(|_| KeyError::InvalidKey)?;
+    t.by_key.get(&key).cloned().ok_or(KeyError::InvalidKey)
+}
+
+/// Full remote-access check: key, PD, rights, bounds. Returns the MR and the offset.
+pub fn check_remote(
+    rkey: u32,
+    pd_id: u64,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
+    let mr = lookup_key(rkey)?;
+    if mr.rkey != rkey || !mr.remote_valid.load(Ordering::Acquire) {
+        return Err(KeyError::InvalidKey);
+    }
+    if mr.pd_id != pd_id {
+        return Err(KeyError::WrongPd);
+    }
+    let off = mr.check_range(addr, len, need)?;
+    Ok((mr, off))
+}
+
+/// Local-access check for an SGE (lkey, PD, bounds, and LOCAL_WRITE when `write`).
+pub fn check_local(
+    lkey: u32,
+    pd_id: u64,
+    addr: u64,
+    len: u64,
+    write: bool,
+) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
+    let mr = lookup_key(lkey)?;
+    if mr.lkey != lkey {
+        return Err(KeyError::InvalidKey);
+    }
+    if mr.pd_id != pd_id {
+        return Err(KeyError::WrongPd);
+    }
+    let need = if write { Access::LOCAL_WRITE } else { Access(0) };
+    let off = mr.check_range(addr, len, need)?;
+    Ok((mr, off))
+}
+
+/// A registered memory region. Deregistered on drop (or explicitly with [`Mr::dereg`]).
+#[derive(Debug)]
+pub struct Mr {
+    inner: Arc<MrInner>,
+    pd: Arc<crate::pd::PdInner>,
+    registered: bool,
+}
+
+impl Mr {
+    pub(crate) fn register(pd: &Pd, region: MemRegion, iova: u64, access: Access) -> Result<Mr> {
+        if access.0 & !Access::KNOWN_MASK != 0 {
+            bail!(
+                Inval,
+                "reg_mr: unknown access flags {:#x}",
+                access.0 & !Access::KNOWN_MASK
+            );
+        }
+        let needs_local_write = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if needs_local_write && !access.contains(Access::LOCAL_WRITE) {
+            bail!(
+                Inval,
+                "reg_mr: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (access {access})"
+            );
+        }
+        let mut t = table()
+            .write()
+            .map_err(|_| Error::new(Errno::Io, "reg_mr: key table poisoned"))?;
+        let key = new_key(&t);
+        let inner = Arc::new(MrInner {
+            lkey: key,
+            rkey: key,
+            pd_id: pd.id(),
+            iova,
+            access,
+            region,
+            remote_valid: AtomicBool::new(true),
+        });
+        t.by_key.insert(key, inner.clone());
+        drop(t);
+        pd.inner().mr_count.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(lkey = format_args!("{key:#x}"), len = inner.region.len(), %access, "reg_mr");
+        Ok(Mr {
+            inner,
+            pd: pd.inner().clone(),
+            registered: true,
+        })
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+
+    /// The address byte 0 is known by (what SGEs and peers use).
+    pub fn addr(&self) -> u64 {
+        self.inner.iova
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.region.len()
+    }
+
+    /// True for a zero-length MR.
+    pub fn is_empty(&self) -> bool {
+        self.inner.region.is_empty()
+    }
+
+    /// Access flags.
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+
+    /// An SGE covering `[offset, offset+len)` of this MR.
+    pub fn sge(&self, offset: usize, len: u32) -> crate::wr::Sge {
+        crate::wr::Sge {
+            addr: self.inner.iova + offset as u64,
+            length: len,
+            lkey: self.inner.lkey,
+        }
+    }
+
+    /// Copies bytes into the MR (the application writing its own buffer).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if !self.inner.region.write(offset, data) {
+            bail!(
+                Inval,
+                "MR {:#x}: write of {} bytes at {offset} is out of bounds (len {})",
+                self.lkey(),
+                data.len(),
+                self.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies bytes out of the MR.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if !self.inner.region.read(offset, out) {
+            bail!(
+                Inval,
+                "MR {:#x}: read of {} bytes at {offset} is out of bounds (len {})",
+                self.lkey(),
+                out.len(),
+                self.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// A copy of the whole MR contents.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        let _ = self.inner.region.read(0, &mut v);
+        v
+    }
+
+    /// Raw pointer to byte 0 (for C callers and memory-polling latency loops).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.region.as_ptr()
+    }
+
+    /// Shared registered state.
+    pub fn inner(&self) -> &Arc<MrInner> {
+        &self.inner
+    }
+
+    /// Deregisters now: the keys are invalid when this returns.
+    pub fn dereg(mut self) -> Result<()> {
+        self.unregister();
+        Ok(())
+    }
+
+    fn unregister(&mut self) {
+        if !self.registered {
+            return;
+        }
+        self.registered = false;
+        if let Ok(mut t) = table().write() {
+            t.by_key.remove(&self.inner.lkey);
+        }
+        self.pd.mr_count.fetch_sub(1, Ordering::Relaxed);
+        tracing::debug!(lkey = format_args!("{:#x}", self.inner.lkey), "dereg_mr");
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
+/// Invalidates a remote key on behalf of SEND_WITH_INV arriving on a QP of `pd_id`.
+pub fn invalidate_remote(rkey: u32, pd_id: u64) -> std::result::Result<(), KeyError> {
+    let mr = lookup_key(rkey)?;
+    if mr.pd_id != pd_id {
+        return Err(KeyError::WrongPd);
+    }
+    mr.remote_valid.store(false, Ordering::Release);
+    Ok(())
+}

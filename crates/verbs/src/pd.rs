@@ -1,0 +1,89 @@
+//! Protection domains.
+
+use crate::context::Context;
+use crate::memory::MemRegion;
+use crate::mr::Mr;
+use crate::wr::Access;
+use crate::{bail, Result};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Shared state of a PD; the data path compares `id`s.
+#[derive(Debug)]
+pub struct PdInner {
+    /// Process-unique id.
+    pub id: u64,
+    /// Live MRs registered in this PD.
+    pub mr_count: AtomicU32,
+    /// Live QPs and SRQs created in this PD.
+    pub qp_count: AtomicU32,
+    /// The context the PD was allocated on.
+    pub context: Context,
+}
+
+/// A protection domain. Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Pd {
+    inner: Arc<PdInner>,
+}
+
+impl Pd {
+    pub(crate) fn new(context: Context) -> Pd {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Pd {
+            inner: Arc::new(PdInner {
+                id: NEXT.fetch_add(1, Ordering::Relaxed),
+                mr_count: AtomicU32::new(0),
+                qp_count: AtomicU32::new(0),
+                context,
+            }),
+        }
+    }
+
+    /// Process-unique id.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Shared state.
+    pub fn inner(&self) -> &Arc<PdInner> {
+        &self.inner
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.context
+    }
+
+    /// Registers application memory.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay valid for reads and writes until the MR is deregistered
+    /// (remote peers may write it at any time while the MR allows it).
+    pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<Mr> {
+        // SAFETY: forwarded from the caller's contract.
+        let region = unsafe { MemRegion::from_raw(addr, len) };
+        Mr::register(self, region, iova, access)
+    }
+
+    /// Allocates a zeroed buffer of `len` bytes owned by the MR and registers it.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<Mr> {
+        let region = MemRegion::allocate(len);
+        let iova = region.addr();
+        Mr::register(self, region, iova, access)
+    }
+
+    /// Deallocates: EBUSY while MRs or QPs still use it.
+    pub fn dealloc(self) -> Result<()> {
+        let mrs = self.inner.mr_count.load(Ordering::Relaxed);
+        let qps = self.inner.qp_count.load(Ordering::Relaxed);
+        if mrs > 0 || qps > 0 {
+            bail!(
+                Busy,
+                "dealloc_pd {}: still used by {mrs} MR(s) and {qps} QP/SRQ(s)",
+                self.inner.id
+            );
+        }
+        Ok(())
+    }
+}

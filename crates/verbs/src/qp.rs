@@ -1,0 +1,766 @@
+//! Queue pairs: the send and receive queues, the state machine, and the seam to a transport.
+//!
+//! The application posts into the queues; a transport driver (attached when the QP connects)
+//! drains them on the progress thread and reports completions through the helpers here.
+
+use crate::cq::Cq;
+use crate::memory::copy_from_user;
+use crate::mr::check_local;
+use crate::pd::Pd;
+use crate::qp_state::{attr_mask, check_qp_access, check_transition, AttrRules, QpState, QpType};
+use crate::srq::Srq;
+use crate::wr::{Access, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+use crate::{bail, Errno, Error, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Queue sizes (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    /// Send WRs outstanding at once.
+    pub max_send_wr: u32,
+    /// Receive WRs posted at once.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+/// Creation attributes (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone)]
+pub struct QpInitAttr {
+    /// Completion queue for sends.
+    pub send_cq: Cq,
+    /// Completion queue for receives.
+    pub recv_cq: Cq,
+    /// Optional shared receive queue.
+    pub srq: Option<Srq>,
+    /// Sizes.
+    pub cap: QpCap,
+    /// QP type.
+    pub qp_type: QpType,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+}
+
+/// Address vector (`struct ibv_ah_attr`), used by RoCE QPs and AHs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AhAttr {
+    /// Destination GID (GRH).
+    pub dgid: [u8; 16],
+    /// Flow label.
+    pub flow_label: u32,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Destination LID.
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// GRH present.
+    pub is_global: bool,
+    /// Port.
+    pub port_num: u8,
+}
+
+/// Modifiable attributes (`struct ibv_qp_attr`, the fields softrdma uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: Option<QpState>,
+    /// Asserted current state (with CUR_STATE).
+    pub cur_qp_state: Option<QpState>,
+    /// Remote access allowed on this QP.
+    pub qp_access_flags: Access,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Port number (1).
+    pub port_num: u8,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Primary path.
+    pub ah_attr: AhAttr,
+    /// Path MTU (IB enum 1..=5).
+    pub path_mtu: u8,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count.
+    pub rnr_retry: u8,
+    /// Receive PSN.
+    pub rq_psn: u32,
+    /// Send PSN.
+    pub sq_psn: u32,
+    /// Outstanding RDMA READs / atomics as initiator (ORD).
+    pub max_rd_atomic: u8,
+    /// Incoming RDMA READs / atomics as responder (IRD).
+    pub max_dest_rd_atomic: u8,
+    /// Minimum RNR NAK timer.
+    pub min_rnr_timer: u8,
+    /// Remote QP number.
+    pub dest_qp_num: u32,
+}
+
+/// A queued send work request, with inline data already copied.
+#[derive(Debug, Clone)]
+pub struct SendWqe {
+    /// The request.
+    pub wr: SendWr,
+    /// Inline payload (copied at post time).
+    pub inline: Option<Vec<u8>>,
+    /// Whether a completion is owed on success.
+    pub signaled: bool,
+}
+
+/// The transport side of a connected QP.
+pub trait QpDriver: Send + Sync + std::fmt::Debug {
+    /// New send work is queued (or the QP state changed): make progress soon.
+    fn kick(&self);
+}
+
+#[derive(Debug)]
+struct QpCore {
+    state: QpState,
+    attr: QpAttr,
+    sq: VecDeque<SendWqe>,
+    rq: VecDeque<RecvWr>,
+    sq_outstanding: u32,
+    driver: Option<Arc<dyn QpDriver>>,
+}
+
+/// Shared QP state, used by the application and by the transport driver.
+#[derive(Debug)]
+pub struct QpInner {
+    /// QP number.
+    pub qpn: u32,
+    /// Type.
+    pub qp_type: QpType,
+    /// Attribute rules (per transport).
+    pub rules: AttrRules,
+    /// Protection domain.
+    pub pd: Pd,
+    /// Send CQ.
+    pub send_cq: Cq,
+    /// Receive CQ.
+    pub recv_cq: Cq,
+    /// SRQ, if any.
+    pub srq: Option<Srq>,
+    /// Sizes granted.
+    pub cap: QpCap,
+    /// Every WR signaled.
+    pub sq_sig_all: bool,
+    core: Mutex<QpCore>,
+}
+
+fn next_qpn() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let mut n = NEXT.load(Ordering::Relaxed);
+    if n == 0 {
+        let mut b = [0u8; 4];
+        let _ = getrandom::getrandom(&mut b);
+        let start = (u32::from_ne_bytes(b) & 0x7f_ffff) | 0x10;
+        let _ = NEXT.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed);
+        n = NEXT.load(Ordering::Relaxed);
+    }
+    let _ = n;
+    let q = NEXT.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+    if q < 2 {
+        next_qpn()
+    } else {
+        q
+    }
+}
+
+impl QpInner {
+    fn core(&self) -> MutexGuard<'_, QpCore> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.core().state
+    }
+
+    /// Current attributes.
+    pub fn attr(&self) -> QpAttr {
+        self.core().attr
+    }
+
+    /// Attaches the transport driver and moves the QP to RTS (the connection is up).
+    pub fn connect_established(&self, driver: Arc<dyn QpDriver>, ord: u8, ird: u8) -> Result<()> {
+        let mut c = self.core();
+        match c.state {
+            QpState::Init | QpState::Rtr | QpState::Rts => {}
+            s => bail!(
+                Inval,
+                "QP {}: cannot connect in state {s}; it must be INIT, RTR or RTS",
+                self.qpn
+            ),
+        }
+        c.state = QpState::Rts;
+        c.attr.max_rd_atomic = ord;
+        c.attr.max_dest_rd_atomic = ird;
+        c.driver = Some(driver);
+        Ok(())
+    }
+
+    /// The attached driver.
+    pub fn driver(&self) -> Option<Arc<dyn QpDriver>> {
+        self.core().driver.clone()
+    }
+
+    /// Takes the next send WQE if the QP is in RTS and `accept` approves the head.
+    pub fn pop_send_if(&self, accept: impl FnOnce(&SendWqe) -> bool) -> Option<SendWqe> {
+        let mut c = self.core();
+        if c.state != QpState::Rts {
+            return None;
+        }
+        if accept(c.sq.front()?) {
+            c.sq.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// True if send WQEs are queued and the QP would hand them out.
+    pub fn has_send_work(&self) -> bool {
+        let c = self.core();
+        c.state == QpState::Rts && !c.sq.is_empty()
+    }
+
+    /// Takes the next receive WQE (from the SRQ if the QP has one).
+    pub fn take_recv(&self) -> Option<RecvWr> {
+        match &self.srq {
+            Some(srq) => srq.inner().take(),
+            None => self.core().rq.pop_front(),
+        }
+    }
+
+    /// Frees `n` send-queue slots (completed or retired WRs).
+    pub fn retire_sends(&self, n: u32) {
+        let mut c = self.core();
+        c.sq_outstanding = c.sq_outstanding.saturating_sub(n);
+    }
+
+    /// Reports a send-side completion (pushes to the send CQ only if owed).
+    pub fn complete_send(&self, wc: WorkCompletion, signaled: bool) {
+        if signaled || wc.status != WcStatus::Success {
+            self.send_cq.inner().push(wc);
+        }
+        self.retire_sends(1);
+    }
+
+    /// Reports a receive completion.
+    pub fn complete_recv(&self, wc: WorkCompletion) {
+        self.recv_cq.inner().push(wc);
+    }
+
+    /// Moves to ERR and hands back the queued WQEs for the caller to flush in order.
+    /// Idempotent: a second call returns empty queues.
+    pub fn enter_error(&self) -> (Vec<SendWqe>, Vec<RecvWr>) {
+        let mut c = self.core();
+        c.state = QpState::Err;
+        (c.sq.drain(..).collect(), c.rq.drain(..).collect())
+    }
+
+    /// Flushes queued WQEs with WR_FLUSH_ERR (every one gets a completion).
+    pub fn flush(&self, sends: Vec<SendWqe>, recvs: Vec<RecvWr>) {
+        for w in sends {
+            let op = w.wr.opcode.map(|o| o.wc_opcode()).unwrap_or(WcOpcode::Send);
+            self.complete_send(
+                WorkCompletion::new(w.wr.wr_id, WcStatus::WrFlushErr, op, self.qpn),
+                true,
+            );
+        }
+        for r in recvs {
+            self.complete_recv(WorkCompletion::new(
+                r.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                self.qpn,
+            ));
+        }
+    }
+
+    /// Moves to ERR and flushes everything queued (for QPs without a driver).
+    pub fn error_and_flush(&self) {
+        let (s, r) = self.enter_error();
+        self.flush(s, r);
+    }
+}
+
+/// A queue pair (`ibv_qp`). Cloning shares it; `destroy` releases it.
+#[derive(Debug, Clone)]
+pub struct Qp {
+    inner: Arc<QpInner>,
+}
+
+impl Qp {
+    /// Creates a QP in `pd`. `rules` comes from the device's transport.
+    pub fn new(pd: &Pd, init: QpInitAttr, rules: AttrRules) -> Result<Qp> {
+        let dev = pd.context().device().attr();
+        let cap = init.cap;
+        let max_wr = dev.max_qp_wr as u32;
+        let max_sge = dev.max_sge as u32;
+        if init.qp_type != QpType::Rc && rules == AttrRules::Iwarp {
+            bail!(
+                Inval,
+                "create_qp: iWARP devices support only RC QPs (got {:?})",
+                init.qp_type
+            );
+        }
+        if cap.max_send_wr > max_wr || cap.max_recv_wr > max_wr {
+            bail!(
+                Inval,
+                "create_qp: max_send_wr {} / max_recv_wr {} exceed the device limit {max_wr}",
+                cap.max_send_wr,
+                cap.max_recv_wr
+            );
+        }
+        if cap.max_send_sge > max_sge || cap.max_recv_sge > max_sge {
+            bail!(
+                Inval,
+                "create_qp: max_send_sge {} / max_recv_sge {} exceed the device limit {max_sge}",
+                cap.max_send_sge,
+                cap.max_recv_sge
+            );
+        }
+        if cap.max_inline_data > MAX_INLINE {
+            bail!(
+                Inval,
+                "create_qp: max_inline_data {} exceeds the device limit {MAX_INLINE}",
+                cap.max_inline_data
+            );
+        }
+        if let Some(srq) = &init.srq {
+            if srq.pd().id() != pd.id() {
+                bail!(Inval, "create_qp: the SRQ belongs to another protection domain");
+            }
+            srq.inner().users.fetch_add(1, Ordering::Relaxed);
+        }
+        init.send_cq.inner().users.fetch_add(1, Ordering::Relaxed);
+        init.recv_cq.inner().users.fetch_add(1, Ordering::Relaxed);
+        pd.inner().qp_count.fetch_add(1, Ordering::Relaxed);
+        let qpn = next_qpn();
+        tracing::debug!(qpn, ?cap, "create_qp");
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                qpn,
+                qp_type: init.qp_type,
+                rules,
+                pd: pd.clone(),
+                send_cq: init.send_cq,
+                recv_cq: init.recv_cq,
+                srq: init.srq,
+                cap: QpCap {
+                    max_send_wr: cap.max_send_wr.max(1),
+                    max_recv_wr: cap.max_recv_wr.max(1),
+                    max_send_sge: cap.max_send_sge.max(1),
+                    max_recv_sge: cap.max_recv_sge.max(1),
+                    max_inline_data: cap.max_inline_data,
+                },
+                sq_sig_all: init.sq_sig_all,
+                core: Mutex::new(QpCore {
+                    state: QpState::Reset,
+                    attr: QpAttr {
+                        port_num: 1,
+                        ..QpAttr::default()
+                    },
+                    sq: VecDeque::new(),
+                    rq: VecDeque::new(),
+                    sq_outstanding: 0,
+                    driver: None,
+                }),
+            }),
+        })
+    }
+
+    /// Shared state (for transports).
+    pub fn inner(&self) -> &Arc<QpInner> {
+        &self.inner
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.inner.state()
+    }
+
+    /// Modifies the QP (`ibv_modify_qp`).
+    pub fn modify(&self, attr: &QpAttr, mask: u32) -> Result<()> {
+        let qpn = self.inner.qpn;
+        let dev = self.inner.pd.context().device().attr();
+        let (new, driver) = {
+            let mut c = self.inner.core();
+            let cur = c.state;
+            if mask & attr_mask::CUR_STATE != 0 && attr.cur_qp_state != Some(cur) {
+                bail!(
+                    Inval,
+                    "modify_qp {qpn}: cur_qp_state {:?} does not match the current state {cur}",
+                    attr.cur_qp_state
+                );
+            }
+            let new = if mask & attr_mask::STATE != 0 {
+                match attr.qp_state {
+                    Some(s) => s,
+                    None => bail!(Inval, "modify_qp {qpn}: IBV_QP_STATE set without a valid qp_state"),
+                }
+            } else {
+                cur
+            };
+            check_transition(self.inner.rules, self.inner.qp_type, cur, new, mask | attr_mask::STATE)
+                .map_err(|m| Error::inval(format!("modify_qp {qpn}: {m}")))?;
+            if mask & attr_mask::ACCESS_FLAGS != 0 {
+                check_qp_access(attr.qp_access_flags).map_err(|m| Error::inval(format!("modify_qp {qpn}: {m}")))?;
+                c.attr.qp_access_flags = attr.qp_access_flags;
+            }
+            if mask & attr_mask::PORT != 0 {
+                if attr.port_num != 1 {
+                    bail!(
+                        Inval,
+                        "modify_qp {qpn}: port {} does not exist (the device has port 1)",
+                        attr.port_num
+                    );
+                }
+                c.attr.port_num = 1;
+            }
+            if mask & attr_mask::MAX_QP_RD_ATOMIC != 0 {
+                if attr.max_rd_atomic as i32 > dev.max_qp_init_rd_atom {
+                    bail!(
+                        Inval,
+                        "modify_qp {qpn}: max_rd_atomic {} exceeds the device limit {}",
+                        attr.max_rd_atomic,
+                        dev.max_qp_init_rd_atom
+                    );
+                }
+                c.attr.max_rd_atomic = attr.max_rd_atomic;
+            }
+            if mask & attr_mask::MAX_DEST_RD_ATOMIC != 0 {
+                if attr.max_dest_rd_atomic as i32 > dev.max_qp_rd_atom {
+                    bail!(
+                        Inval,
+                        "modify_qp {qpn}: max_dest_rd_atomic {} exceeds the device limit {}",
+                        attr.max_dest_rd_atomic,
+                        dev.max_qp_rd_atom
+                    );
+                }
+                c.attr.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+            }
+            let a = &mut c.attr;
+            if mask & attr_mask::PKEY_INDEX != 0 {
+                a.pkey_index = attr.pkey_index;
+            }
+            if mask & attr_mask::QKEY != 0 {
+                a.qkey = attr.qkey;
+            }
+            if mask & attr_mask::AV != 0 {
+                a.ah_attr = attr.ah_attr;
+            }
+            if mask & attr_mask::PATH_MTU != 0 {
+                a.path_mtu = attr.path_mtu;
+            }
+            if mask & attr_mask::TIMEOUT != 0 {
+                a.timeout = attr.timeout;
+            }
+            if mask & attr_mask::RETRY_CNT != 0 {
+                a.retry_cnt = attr.retry_cnt;
+            }
+            if mask & attr_mask::RNR_RETRY != 0 {
+                a.rnr_retry = attr.rnr_retry;
+            }
+            if mask & attr_mask::RQ_PSN != 0 {
+                a.rq_psn = attr.rq_psn & 0xff_ffff;
+            }
+            if mask & attr_mask::SQ_PSN != 0 {
+                a.sq_psn = attr.sq_psn & 0xff_ffff;
+            }
+            if mask & attr_mask::MIN_RNR_TIMER != 0 {
+                a.min_rnr_timer = attr.min_rnr_timer;
+            }
+            if mask & attr_mask::DEST_QPN != 0 {
+                a.dest_qp_num = attr.dest_qp_num & 0xff_ffff;
+            }
+            if new == QpState::Rts && cur == QpState::Rtr && self.inner.rules == AttrRules::Iwarp && c.driver.is_none()
+            {
+                bail!(
+                    Inval,
+                    "modify_qp {qpn}: an iWARP QP enters RTS only through its connection (connect/accept)"
+                );
+            }
+            match new {
+                QpState::Reset => {
+                    c.sq.clear();
+                    c.rq.clear();
+                    c.sq_outstanding = 0;
+                    c.driver = None;
+                }
+                QpState::Err => {}
+                _ => {}
+            }
+            if new != QpState::Err {
+                c.state = new;
+            }
+            (new, c.driver.clone())
+        };
+        if new == QpState::Err {
+            match driver {
+                // The driver flushes in-flight work first, then the queues, keeping order.
+                Some(d) => {
+                    self.inner.core().state = QpState::Err;
+                    d.kick();
+                }
+                None => self.inner.error_and_flush(),
+            }
+        } else if let Some(d) = driver {
+            d.kick();
+        }
+        tracing::debug!(qpn, state = %new, "modify_qp");
+        Ok(())
+    }
+
+    /// Current attributes and state (`ibv_query_qp`).
+    pub fn query(&self) -> (QpState, QpAttr, QpCap) {
+        let c = self.inner.core();
+        (c.state, c.attr, self.inner.cap)
+    }
+
+    /// Posts send WRs. Inline data must lie in registered memory of this PD (the safe API);
+    /// see [`Qp::post_send_raw`] for C-style inline pointers. On error: index of the bad WR.
+    pub fn post_send(&self, wrs: &[SendWr]) -> std::result::Result<(), (usize, Error)> {
+        self.post_send_impl(wrs, false)
+    }
+
+    /// Like [`Qp::post_send`], but inline SGE addresses are read directly (lkeys ignored).
+    ///
+    /// # Safety
+    /// For WRs with `SendFlags::INLINE`, each SGE's `addr..addr+length` must be readable.
+    pub unsafe fn post_send_raw(&self, wrs: &[SendWr]) -> std::result::Result<(), (usize, Error)> {
+        self.post_send_impl(wrs, true)
+    }
+
+    fn check_send(&self, wr: &SendWr, raw_inline: bool) -> Result<SendWqe> {
+        let qpn = self.inner.qpn;
+        let Some(op) = wr.opcode else {
+            bail!(Inval, "post_send on QP {qpn}: WR {:#x} has an unknown opcode", wr.wr_id);
+        };
+        if self.inner.rules == AttrRules::Iwarp
+            && !matches!(
+                op,
+                WrOpcode::Send | WrOpcode::SendWithInv | WrOpcode::RdmaWrite | WrOpcode::RdmaRead
+            )
+        {
+            bail!(
+                Inval,
+                "post_send on QP {qpn}: opcode {op:?} is not supported by iWARP devices"
+            );
+        }
+        let sges = wr.sg_list.len() as u32;
+        if sges > self.inner.cap.max_send_sge {
+            bail!(
+                Inval,
+                "post_send on QP {qpn}: {sges} SGEs exceed max_send_sge {}",
+                self.inner.cap.max_send_sge
+            );
+        }
+        let total = wr.total_len();
+        if total > u32::MAX as u64 {
+            bail!(Inval, "post_send on QP {qpn}: message of {total} bytes exceeds 2^32-1");
+        }
+        let inline = if wr.flags.contains(SendFlags::INLINE) && op != WrOpcode::RdmaRead {
+            if total > self.inner.cap.max_inline_data as u64 {
+                bail!(
+                    Inval,
+                    "post_send on QP {qpn}: {total} inline bytes exceed max_inline_data {}",
+                    self.inner.cap.max_inline_data
+                );
+            }
+            let mut data = Vec::with_capacity(total as usize);
+            for s in &wr.sg_list {
+                if raw_inline {
+                    // SAFETY: the caller of post_send_raw guarantees inline SGEs are readable.
+                    data.extend_from_slice(&unsafe { copy_from_user(s.addr, s.length as usize) });
+                } else {
+                    let (mr, off) =
+                        check_local(s.lkey, self.inner.pd.id(), s.addr, s.length as u64, false).map_err(|e| {
+                            Error::inval(format!("post_send on QP {qpn}: inline SGE lkey {:#x}: {e}", s.lkey))
+                        })?;
+                    mr.region.append_to(off, s.length as usize, &mut data);
+                }
+            }
+            Some(data)
+        } else {
+            None
+        };
+        let signaled = self.inner.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        Ok(SendWqe {
+            wr: wr.clone(),
+            inline,
+            signaled,
+        })
+    }
+
+    fn post_send_impl(&self, wrs: &[SendWr], raw_inline: bool) -> std::result::Result<(), (usize, Error)> {
+        let qpn = self.inner.qpn;
+        let mut posted = false;
+        let mut flush_now = Vec::new();
+        let mut result = Ok(());
+        {
+            let mut c = self.inner.core();
+            for (i, wr) in wrs.iter().enumerate() {
+                match c.state {
+                    QpState::Reset | QpState::Init | QpState::Rtr => {
+                        result = Err((
+                            i,
+                            Error::inval(format!(
+                                "post_send on QP {qpn}: the QP is in {}; sends need RTS",
+                                c.state
+                            )),
+                        ));
+                        break;
+                    }
+                    _ => {}
+                }
+                let wqe = match self.check_send(wr, raw_inline) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        result = Err((i, e));
+                        break;
+                    }
+                };
+                if c.sq_outstanding >= self.inner.cap.max_send_wr {
+                    result = Err((
+                        i,
+                        Error::new(
+                            Errno::NoMem,
+                            format!(
+                                "post_send on QP {qpn}: send queue full ({} WRs outstanding)",
+                                c.sq_outstanding
+                            ),
+                        ),
+                    ));
+                    break;
+                }
+                c.sq_outstanding += 1;
+                if c.state == QpState::Err && c.driver.is_none() {
+                    flush_now.push(wqe);
+                } else {
+                    c.sq.push_back(wqe);
+                    posted = true;
+                }
+            }
+        }
+        self.inner.flush(flush_now, Vec::new());
+        if posted {
+            if let Some(d) = self.inner.driver() {
+                d.kick();
+            }
+        }
+        result
+    }
+
+    /// Posts receive WRs (`ibv_post_recv`). On error: index of the bad WR.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), (usize, Error)> {
+        let qpn = self.inner.qpn;
+        if self.inner.srq.is_some() {
+            return Err((
+                0,
+                Error::inval(format!("post_recv on QP {qpn}: the QP uses an SRQ; post to the SRQ")),
+            ));
+        }
+        let mut flush_now = Vec::new();
+        let mut result = Ok(());
+        {
+            let mut c = self.inner.core();
+            for (i, wr) in wrs.iter().enumerate() {
+                if c.state == QpState::Reset {
+                    result = Err((i, Error::inval(format!("post_recv on QP {qpn}: the QP is in RESET"))));
+                    break;
+                }
+                if wr.sg_list.len() as u32 > self.inner.cap.max_recv_sge {
+                    result = Err((
+                        i,
+                        Error::inval(format!(
+                            "post_recv on QP {qpn}: {} SGEs exceed max_recv_sge {}",
+                            wr.sg_list.len(),
+                            self.inner.cap.max_recv_sge
+                        )),
+                    ));
+                    break;
+                }
+                if c.rq.len() as u32 >= self.inner.cap.max_recv_wr {
+                    result = Err((
+                        i,
+                        Error::new(
+                            Errno::NoMem,
+                            format!("post_recv on QP {qpn}: receive queue full ({} WRs)", c.rq.len()),
+                        ),
+                    ));
+                    break;
+                }
+                if c.state == QpState::Err && c.driver.is_none() {
+                    flush_now.push(wr.clone());
+                } else {
+                    c.rq.push_back(wr.clone());
+                }
+            }
+        }
+        self.inner.flush(Vec::new(), flush_now);
+        if let Some(d) = self.inner.driver() {
+            if self.inner.state() == QpState::Err {
+                d.kick();
+            }
+        }
+        result
+    }
+
+    /// Convenience: post one receive of one SGE.
+    pub fn post_recv_one(&self, wr_id: u64, sge: crate::wr::Sge) -> Result<()> {
+        self.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: vec![sge],
+        }])
+        .map_err(|(_, e)| e)
+    }
+
+    /// Convenience: post one send WR.
+    pub fn post_send_one(&self, wr: SendWr) -> Result<()> {
+        self.post_send(&[wr]).map_err(|(_, e)| e)
+    }
+
+    /// Destroys the QP: moves it to ERR (closing its connection) and releases its CQs.
+    pub fn destroy(self) -> Result<()> {
+        let driver = self.inner.driver();
+        {
+            let mut c = self.inner.core();
+            c.state = QpState::Err;
+            c.sq.clear();
+            c.rq.clear();
+            c.driver = None;
+        }
+        if let Some(d) = driver {
+            d.kick();
+        }
+        self.inner.send_cq.inner().users.fetch_sub(1, Ordering::Relaxed);
+        self.inner.recv_cq.inner().users.fetch_sub(1, Ordering::Relaxed);
+        if let Some(srq) = &self.inner.srq {
+            srq.inner().users.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.inner.pd.inner().qp_count.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Largest inline payload a QP may request.
+pub const MAX_INLINE: u32 = 256;
