@@ -1,1 +1,475 @@
+//! Two engines wired back to back, no sockets: every data-path and error case.
 
+use super::{Engine, EngineConfig, Phase};
+use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+use softrdma_verbs::*;
+use std::sync::Arc;
+
+#[derive(Debug)]
+struct NoDriver;
+impl QpDriver for NoDriver {
+    fn kick(&self) {}
+}
+
+struct Side {
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    engine: Engine,
+}
+
+fn device() -> device::DeviceInfo {
+    let lo = device::NetIf {
+        name: "lo".into(),
+        index: 1,
+        flags: device::IfFlags {
+            up: true,
+            running: true,
+            loopback: true,
+        },
+        addrs: vec![device::IfAddr {
+            ip: "127.0.0.1".parse().unwrap(),
+            prefix_len: 8,
+            scope_id: 0,
+        }],
+        mtu: 65536,
+        mac: [0; 6],
+        speed_mbps: None,
+    };
+    device::devices_from(&[lo], None).unwrap().remove(0)
+}
+
+fn side(initiator: bool, srq: bool, access: Access) -> (Side, Option<Srq>) {
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let srq = srq.then(|| {
+        Srq::new(
+            &pd,
+            SrqAttr {
+                max_wr: 16,
+                max_sge: 2,
+                srq_limit: 0,
+            },
+        )
+        .unwrap()
+    });
+    let cap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    };
+    let init = QpInitAttr {
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        srq: srq.clone(),
+        cap,
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    };
+    let qp = Qp::new(&pd, init, AttrRules::Iwarp).unwrap();
+    let attr = QpAttr {
+        qp_state: Some(QpState::Init),
+        qp_access_flags: access,
+        ..QpAttr::default()
+    };
+    qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS).unwrap();
+    qp.inner().connect_established(Arc::new(NoDriver), 4, 4).unwrap();
+    let cfg = EngineConfig {
+        crc: true,
+        ird: 4,
+        ord: 4,
+        initiator,
+        rtr: true,
+    };
+    let engine = Engine::new(qp.inner().clone(), cfg);
+    (Side { pd, cq, qp, engine }, srq)
+}
+
+fn pair() -> (Side, Side) {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    (side(true, false, all).0, side(false, false, all).0)
+}
+
+/// Moves everything `x` has to send into `y`. Returns bytes moved.
+fn transfer(x: &mut Side, y: &mut Side) -> usize {
+    x.engine.fill_tx();
+    let out = x.engine.tx_pending().to_vec();
+    let mut off = 0;
+    while off < out.len() {
+        let space = y.engine.rx_space();
+        let n = space.len().min(out.len() - off);
+        space[..n].copy_from_slice(&out[off..off + n]);
+        y.engine.rx_commit(n);
+        off += n;
+    }
+    x.engine.tx_consumed(out.len());
+    out.len()
+}
+
+/// Moves bytes both ways until nothing moves. Returns bytes moved.
+fn pump(a: &mut Side, b: &mut Side) -> usize {
+    let mut moved = 0;
+    for _ in 0..100_000 {
+        let progress = transfer(a, b) + transfer(b, a);
+        moved += progress;
+        if progress == 0 {
+            break;
+        }
+    }
+    moved
+}
+
+fn polls(cq: &Cq) -> Vec<WorkCompletion> {
+    std::iter::from_fn(|| cq.poll_one()).collect()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn send_recv_multi_segment_and_sges() {
+    let (mut a, mut b) = pair();
+    let len = 200_000;
+    let src = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &pattern(len, 3)).unwrap();
+    let dst = b.pd.alloc_mr(len + 10, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: vec![dst.sge(0, 100_000), dst.sge(100_000, 100_010)],
+    }])
+    .unwrap();
+    a.qp.post_send_one(SendWr::send(1, vec![src.sge(0, 150_000), src.sge(150_000, 50_000)]))
+        .unwrap();
+    pump(&mut a, &mut b);
+    let rc = polls(&b.cq);
+    assert_eq!(rc.len(), 1);
+    assert_eq!(
+        (rc[0].wr_id, rc[0].status, rc[0].opcode, rc[0].byte_len),
+        (7, WcStatus::Success, WcOpcode::Recv, len as u32)
+    );
+    assert_eq!(&dst.to_vec()[..len], &pattern(len, 3)[..]);
+    let sc = polls(&a.cq);
+    assert_eq!(sc.len(), 1, "{sc:?}");
+    assert_eq!(
+        (sc[0].wr_id, sc[0].status, sc[0].opcode),
+        (1, WcStatus::Success, WcOpcode::Send)
+    );
+    assert!(a.engine.stats.fences >= 1);
+}
+
+#[test]
+fn write_then_read_back_one_mib() {
+    let (mut a, mut b) = pair();
+    let len = 1 << 20;
+    let local = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
+    local.write(0, &pattern(len, 9)).unwrap();
+    let remote =
+        b.pd.alloc_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
+            .unwrap();
+    a.qp.post_send_one(SendWr::write(
+        1,
+        vec![local.sge(0, len as u32)],
+        remote.addr(),
+        remote.rkey(),
+    ))
+    .unwrap();
+    pump(&mut a, &mut b);
+    assert_eq!(remote.to_vec(), pattern(len, 9));
+    let back = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send_one(SendWr::read(
+        2,
+        vec![back.sge(0, len as u32)],
+        remote.addr(),
+        remote.rkey(),
+    ))
+    .unwrap();
+    pump(&mut a, &mut b);
+    assert_eq!(back.to_vec(), pattern(len, 9));
+    let wcs = polls(&a.cq);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Success, WcOpcode::RdmaWrite),
+            (2, WcStatus::Success, WcOpcode::RdmaRead)
+        ]
+    );
+    assert_eq!(a.qp.state(), QpState::Rts);
+}
+
+/// A remote access error: the requester's WR fails with `status`, later WRs flush, both QPs end in ERR,
+/// and the target buffer is byte-for-byte unchanged.
+fn expect_remote_error(mut a: Side, mut b: Side, remote: &Mr, wr: SendWr, status: WcStatus) {
+    let before = remote.to_vec();
+    let id = wr.wr_id;
+    a.qp.post_send(&[wr, SendWr::send(99, vec![])]).unwrap();
+    pump(&mut a, &mut b);
+    let wcs = polls(&a.cq);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(id, status), (99, WcStatus::WrFlushErr)]);
+    assert_ne!(wcs[0].vendor_err, 0);
+    assert_eq!(remote.to_vec(), before, "target memory changed");
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(b.qp.state(), QpState::Err);
+    assert_eq!(b.engine.phase(), Phase::Terminating);
+    assert_eq!(b.engine.stats.terminates_sent, 1);
+    assert_eq!(a.engine.stats.terminates_received, 1);
+}
+
+#[test]
+fn write_with_bad_rkey_is_remote_access_error() {
+    let (a, b) = pair();
+    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &[0xAA; 64]).unwrap();
+    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let wr = SendWr::write(5, vec![src.sge(0, 64)], remote.addr(), remote.rkey() ^ 0x100);
+    expect_remote_error(a, b, &remote, wr, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn write_out_of_bounds_is_remote_access_error() {
+    let (a, b) = pair();
+    let src = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let remote = b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let wr = SendWr::write(5, vec![src.sge(0, 4096)], remote.addr() + 100, remote.rkey());
+    expect_remote_error(a, b, &remote, wr, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn write_without_remote_write_flag_is_remote_access_error() {
+    let (a, b) = pair();
+    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let wr = SendWr::write(5, vec![src.sge(0, 64)], remote.addr(), remote.rkey());
+    expect_remote_error(a, b, &remote, wr, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn write_to_deregistered_and_foreign_pd_mr_fails() {
+    let (a, b) = pair();
+    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let gone = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let (addr, rkey) = (gone.addr(), gone.rkey());
+    gone.dereg().unwrap();
+    expect_remote_error(
+        a,
+        b,
+        &remote,
+        SendWr::write(5, vec![src.sge(0, 64)], addr, rkey),
+        WcStatus::RemAccessErr,
+    );
+
+    let (a, b) = pair();
+    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let other_pd = b.pd.context().alloc_pd().unwrap();
+    let foreign = other_pd
+        .alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let wr = SendWr::write(5, vec![src.sge(0, 64)], foreign.addr(), foreign.rkey());
+    expect_remote_error(a, b, &foreign, wr, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn read_errors_are_remote_access_errors() {
+    let (a, b) = pair();
+    let sink = a.pd.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let remote = b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    // Larger than the MR.
+    let wr = SendWr::read(5, vec![sink.sge(0, 8192)], remote.addr(), remote.rkey());
+    expect_remote_error(a, b, &remote, wr, WcStatus::RemAccessErr);
+    let (a, b) = pair();
+    let sink = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    // No REMOTE_READ.
+    let wr = SendWr::read(6, vec![sink.sge(0, 64)], remote.addr(), remote.rkey());
+    expect_remote_error(a, b, &remote, wr, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn recv_too_small_is_loc_len_err_and_rem_inv_req() {
+    let (mut a, mut b) = pair();
+    let src = a.pd.alloc_mr(100, Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(50, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sg_list: vec![dst.sge(0, 50)],
+        },
+        RecvWr {
+            wr_id: 2,
+            sg_list: vec![dst.sge(0, 50)],
+        },
+    ])
+    .unwrap();
+    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 100)])).unwrap();
+    pump(&mut a, &mut b);
+    let r: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(r, vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]);
+    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(s, vec![(10, WcStatus::RemInvReqErr)]);
+    assert_eq!(dst.to_vec(), vec![0u8; 50], "nothing placed past the checks");
+}
+
+#[test]
+fn send_without_recv_terminates_per_rfc5041() {
+    let (mut a, mut b) = pair();
+    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
+    pump(&mut a, &mut b);
+    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status, w.vendor_err)).collect();
+    // DDP layer (1), untagged buffer error (2), invalid MSN - no buffer available (2).
+    assert_eq!(s, vec![(10, WcStatus::RemOpErr, 0x01_02_02)]);
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+#[test]
+fn peer_loss_flushes_everything() {
+    let (mut a, mut b) = pair();
+    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv_one(3, dst.sge(0, 16)).unwrap();
+    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
+    a.engine.fill_tx(); // sent but never confirmed
+    a.qp.post_send_one(SendWr::send(11, vec![src.sge(0, 16)])).unwrap();
+    a.engine.peer_closed("connection reset");
+    b.engine.peer_closed("connection reset");
+    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(s, vec![(10, WcStatus::WrFlushErr), (11, WcStatus::WrFlushErr)]);
+    let r: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(r, vec![(3, WcStatus::WrFlushErr)]);
+    assert_eq!(a.qp.state(), QpState::Err);
+    let _ = pump(&mut a, &mut b);
+}
+
+#[test]
+fn srq_inline_and_send_with_invalidate() {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let (mut a, _) = side(true, false, all);
+    let (mut b, srq) = side(false, true, all);
+    let srq = srq.unwrap();
+    let dst = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    srq.post_recv_one(1, dst.sge(0, 32)).unwrap();
+    srq.post_recv_one(2, dst.sge(32, 32)).unwrap();
+    let victim = b.pd.alloc_mr(16, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    src.write(0, b"inline-hello!!!!").unwrap();
+    let mut inline = SendWr::send(10, vec![src.sge(0, 16)]);
+    inline.flags = SendFlags::SIGNALED | SendFlags::INLINE;
+    let mut inv = SendWr::send(11, vec![src.sge(0, 4)]);
+    inv.opcode = Some(WrOpcode::SendWithInv);
+    inv.invalidate_rkey = victim.rkey();
+    a.qp.post_send(&[inline, inv]).unwrap();
+    pump(&mut a, &mut b);
+    let r = polls(&b.cq);
+    assert_eq!(r.len(), 2);
+    assert_eq!(&dst.to_vec()[..16], b"inline-hello!!!!");
+    assert_eq!(
+        r[1].wc_flags & softrdma_verbs::wr::wc_flags::WITH_INV,
+        softrdma_verbs::wr::wc_flags::WITH_INV
+    );
+    assert_eq!(r[1].imm_data, victim.rkey());
+    // The invalidated rkey now refuses remote writes.
+    let w = SendWr::write(12, vec![src.sge(0, 4)], victim.addr(), victim.rkey());
+    a.qp.post_send_one(w).unwrap();
+    pump(&mut a, &mut b);
+    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        s,
+        vec![
+            (10, WcStatus::Success),
+            (11, WcStatus::Success),
+            (12, WcStatus::RemAccessErr)
+        ]
+    );
+}
+
+#[test]
+fn bad_lkey_is_local_protection_error() {
+    let (mut a, mut b) = pair();
+    let sge = Sge {
+        addr: 0x1000,
+        length: 8,
+        lkey: 0xdead_beef,
+    };
+    a.qp.post_send(&[SendWr::send(1, vec![sge]), SendWr::send(2, vec![])])
+        .unwrap();
+    pump(&mut a, &mut b);
+    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(s, vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
+}
+
+#[test]
+fn corrupted_crc_terminates_and_flushes() {
+    let (mut a, mut b) = pair();
+    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv_one(3, dst.sge(0, 16)).unwrap();
+    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
+    a.engine.fill_tx();
+    let mut out = a.engine.tx_pending().to_vec();
+    let n = out.len();
+    out[n - 10] ^= 0xff;
+    b.engine.rx_space()[..n].copy_from_slice(&out);
+    b.engine.rx_commit(n);
+    assert_eq!(b.engine.phase(), Phase::Terminating);
+    assert_eq!(dst.to_vec(), vec![0u8; 16]);
+}
+
+#[test]
+fn posting_in_wrong_state_is_einval() {
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let init = QpInitAttr {
+        send_cq: cq.clone(),
+        recv_cq: cq,
+        srq: None,
+        cap,
+        qp_type: QpType::Rc,
+        sq_sig_all: true,
+    };
+    let qp = Qp::new(&pd, init, AttrRules::Iwarp).unwrap();
+    let e = qp.post_send(&[SendWr::send(1, vec![])]).unwrap_err();
+    assert_eq!((e.0, e.1.errno), (0, Errno::Inval));
+    assert!(e.1.msg.contains("RESET"), "{}", e.1.msg);
+    let e = qp.post_recv(&[RecvWr::default()]).unwrap_err();
+    assert_eq!(e.1.errno, Errno::Inval);
+    let attr = QpAttr {
+        qp_state: Some(QpState::Rts),
+        ..QpAttr::default()
+    };
+    let e = qp.modify(&attr, attr_mask::STATE).unwrap_err();
+    assert_eq!(e.errno, Errno::Inval);
+    let attr = QpAttr {
+        qp_state: Some(QpState::Init),
+        ..QpAttr::default()
+    };
+    qp.modify(&attr, attr_mask::STATE).unwrap();
+    let e = qp.post_send(&[SendWr::send(1, vec![])]).unwrap_err();
+    assert!(e.1.msg.contains("INIT"));
+    qp.post_recv(&[RecvWr::default()]).unwrap();
+    let attr = QpAttr {
+        qp_state: Some(QpState::Err),
+        ..QpAttr::default()
+    };
+    qp.modify(&attr, attr_mask::STATE).unwrap();
+    qp.post_send(&[SendWr::send(5, vec![])]).unwrap();
+    let got: Vec<_> = std::iter::from_fn(|| qp.inner().send_cq.poll_one())
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(got, vec![(0, WcStatus::WrFlushErr), (5, WcStatus::WrFlushErr)]);
+}
