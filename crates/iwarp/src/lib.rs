@@ -9,4 +9,6 @@ pub mod driver;
 pub mod engine;
 pub mod handshake;
 
+pub use driver::{connect, connect_blocking, ConnEvent, ConnHandle, ConnRequest, ConnectParams, EventSink, Listener};
+
 pub use handshake::MAX_PRIVATE_DATA;

@@ -212,6 +212,19 @@ impl QpInner {
         Ok(())
     }
 
+    /// Detaches the transport (its connection closed). Queued WRs flush; later posts flush at once.
+    pub fn detach_driver(&self) {
+        let (sends, recvs) = {
+            let mut c = self.core();
+            c.driver = None;
+            if c.state != QpState::Err {
+                return;
+            }
+            (c.sq.drain(..).collect(), c.rq.drain(..).collect())
+        };
+        self.flush(sends, recvs);
+    }
+
     /// The attached driver.
     pub fn driver(&self) -> Option<Arc<dyn QpDriver>> {
         self.core().driver.clone()

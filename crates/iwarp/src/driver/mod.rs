@@ -1,1 +1,92 @@
+//! The socket side of soft-iWARP: TCP connections driven by the progress thread.
+//!
+//! This layer is deliberately thin: it moves bytes between kernel TCP sockets and the
+//! sans-I/O [`crate::handshake`] and [`crate::engine`], and turns socket outcomes into
+//! [`ConnEvent`]s. The rdma_cm semantics (issue 3) sit on top of this API.
 
+mod conn;
+mod listen;
+
+pub use conn::{connect, connect_blocking, ConnHandle};
+pub use listen::{ConnRequest, Listener};
+
+use softrdma_verbs::Errno;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a connection stands, reported to the owner's callback on the progress thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnEvent {
+    /// The connection is up and the QP is in RTS.
+    Established {
+        /// The peer's private data (active side: from the MPA Reply; passive side: from the Request).
+        private_data: Vec<u8>,
+        /// Negotiated incoming READ limit.
+        ird: u32,
+        /// Negotiated outgoing READ limit.
+        ord: u32,
+    },
+    /// The peer refused: an MPA reject (with its private data), or nothing listens (TCP RST).
+    Rejected {
+        /// ECONNREFUSED, or ECONNRESET when the peer closed during setup.
+        errno: Errno,
+        /// The peer's private data (empty when nothing listens).
+        private_data: Vec<u8>,
+        /// What happened, naming the address.
+        reason: String,
+    },
+    /// No answer within the timeout, or no route.
+    Unreachable {
+        /// ETIMEDOUT or EHOSTUNREACH/ENETUNREACH.
+        errno: Errno,
+        /// What happened, naming the address.
+        reason: String,
+    },
+    /// The handshake failed for a protocol reason.
+    ConnectError {
+        /// What happened.
+        reason: String,
+    },
+    /// An established connection ended (locally, by the peer, or by a Terminate). The QP is in ERR.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The callback that receives a connection's events. Runs on the progress thread: keep it short.
+pub type EventSink = Arc<dyn Fn(ConnEvent) + Send + Sync>;
+
+/// Parameters of one side of a connection.
+#[derive(Debug, Clone)]
+pub struct ConnectParams {
+    /// Private data for the peer (at most 512 bytes; more is EINVAL).
+    pub private_data: Vec<u8>,
+    /// RDMA READs accepted at once as responder (responder_resources).
+    pub ird: u32,
+    /// RDMA READs outstanding at once as requester (initiator_depth).
+    pub ord: u32,
+    /// Ask for MPA CRC32c. Defaults to `SOFTRDMA_MPA_CRC=1` in the environment.
+    pub crc: bool,
+    /// Bound on TCP connect plus the MPA exchange (active side).
+    pub timeout: Duration,
+    /// Local address to bind before connecting (active side).
+    pub src: Option<SocketAddr>,
+}
+
+/// Default connection setup bound.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Default for ConnectParams {
+    fn default() -> Self {
+        ConnectParams {
+            private_data: Vec::new(),
+            ird: 16,
+            ord: 16,
+            crc: std::env::var("SOFTRDMA_MPA_CRC").map(|v| v == "1").unwrap_or(false),
+            timeout: DEFAULT_TIMEOUT,
+            src: None,
+        }
+    }
+}

@@ -1,0 +1,624 @@
+//! One TCP connection: connect or accept, the MPA exchange, then the engine's data path.
+
+use super::listen::ListenShared;
+use super::{ConnEvent, ConnectParams, EventSink};
+use crate::engine::{Engine, EngineConfig, Phase as EnginePhase};
+use crate::handshake::{self, MpaParams, ReplyOutcome};
+use socket2::{Domain, Protocol, Socket, Type};
+use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
+use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::{bail, Errno, Error, Qp, QpDriver, QpState, Result};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
+
+/// Bytes read from a socket per readiness event before yielding to other connections.
+const RX_BUDGET: usize = 8 << 20;
+
+pub(crate) enum Phase {
+    Connecting {
+        deadline: Instant,
+        params: MpaParams,
+        qp: Arc<QpInner>,
+    },
+    AwaitReply {
+        deadline: Instant,
+        params: MpaParams,
+        qp: Arc<QpInner>,
+    },
+    AwaitRequest {
+        deadline: Instant,
+        listener: Weak<ListenShared>,
+    },
+    AwaitAccept {
+        request: softrdma_wire::MpaFrame,
+    },
+    Established {
+        engine: Box<Engine>,
+    },
+    Closed,
+}
+
+pub(crate) struct ConnState {
+    pub(crate) phase: Phase,
+    pub(crate) sock: Option<Socket>,
+    /// Handshake bytes to send before any FPDU.
+    out: Vec<u8>,
+    /// Bytes read but not yet consumed by the handshake.
+    pub(crate) inbuf: Vec<u8>,
+    sink: Option<EventSink>,
+    disconnect: bool,
+    writing: bool,
+}
+
+impl ConnState {
+    pub(crate) fn set_out(&mut self, bytes: Vec<u8>) {
+        self.out = bytes;
+    }
+
+    pub(crate) fn set_sink(&mut self, sink: EventSink) {
+        self.sink = Some(sink);
+    }
+
+    /// Sends the pending handshake bytes (a reject fits the socket buffer) and closes.
+    pub(crate) fn flush_blocking_then_close(&mut self, conn: &TcpConn) {
+        let _ = TcpConn::flush_out(self);
+        conn.close(self, None);
+    }
+}
+
+/// A connection registered with the progress thread.
+pub(crate) struct TcpConn {
+    me: Weak<TcpConn>,
+    reactor: &'static Arc<Reactor>,
+    token: OnceLock<Token>,
+    fd: i32,
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+    st: Mutex<ConnState>,
+}
+
+impl std::fmt::Debug for TcpConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpConn({} -> {})", self.local, self.peer)
+    }
+}
+
+/// The owner's handle on a connection: it is the QP's transport driver, and it disconnects.
+#[derive(Debug, Clone)]
+pub struct ConnHandle {
+    pub(crate) conn: Arc<TcpConn>,
+}
+
+impl QpDriver for ConnHandle {
+    fn kick(&self) {
+        if let Some(t) = self.conn.token.get() {
+            self.conn.reactor.kick(*t);
+        }
+    }
+}
+
+impl ConnHandle {
+    /// Closes the connection: the QP moves to ERR and outstanding work flushes.
+    pub fn disconnect(&self) {
+        self.conn.lock().disconnect = true;
+        self.kick();
+    }
+
+    /// Local address of the TCP connection.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.conn.local
+    }
+
+    /// Peer address of the TCP connection.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.conn.peer
+    }
+
+    /// Engine counters (zero before establishment).
+    pub fn stats(&self) -> crate::engine::Stats {
+        match &self.conn.lock().phase {
+            Phase::Established { engine } => engine.stats,
+            _ => Default::default(),
+        }
+    }
+
+    /// True once the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.conn.lock().phase, Phase::Closed)
+    }
+}
+
+fn addr_domain(a: &SocketAddr) -> Domain {
+    if a.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    }
+}
+
+impl TcpConn {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn register(
+        sock: Socket,
+        local: SocketAddr,
+        peer: SocketAddr,
+        phase: Phase,
+        sink: Option<EventSink>,
+        interest: Interest,
+    ) -> Result<Arc<TcpConn>> {
+        let reactor = Reactor::global()?;
+        let fd = sock.as_raw_fd();
+        let conn = Arc::new_cyclic(|me| TcpConn {
+            me: me.clone(),
+            reactor,
+            token: OnceLock::new(),
+            fd,
+            local,
+            peer,
+            st: Mutex::new(ConnState {
+                phase,
+                sock: Some(sock),
+                out: Vec::new(),
+                inbuf: Vec::new(),
+                sink,
+                disconnect: false,
+                writing: interest.write,
+            }),
+        });
+        let token = reactor
+            .register(fd, interest, conn.clone())
+            .map_err(|e| Error::os(format!("iWARP connection {local} -> {peer}: epoll"), &e))?;
+        let _ = conn.token.set(token);
+        Ok(conn)
+    }
+
+    pub(crate) fn sock_fd(&self) -> i32 {
+        self.fd
+    }
+
+    pub(crate) fn token(&self) -> Option<Token> {
+        self.token.get().copied()
+    }
+
+    pub(crate) fn set_timer(&self, deadline: Instant) {
+        if let Some(t) = self.token() {
+            self.reactor.set_timer(t, deadline);
+        }
+    }
+
+    pub(crate) fn kick(&self) {
+        if let Some(t) = self.token() {
+            self.reactor.kick(t);
+        }
+    }
+
+    fn emit(st: &ConnState, ev: ConnEvent) {
+        if let Some(s) = &st.sink {
+            s(ev);
+        }
+    }
+
+    /// Closes the socket and leaves the reactor. Emits `ev` if given.
+    pub(crate) fn close(&self, st: &mut ConnState, ev: Option<ConnEvent>) {
+        if let Phase::Established { engine } = &mut st.phase {
+            engine.local_error("connection closed");
+            engine.qp().detach_driver();
+        }
+        st.phase = Phase::Closed;
+        if let Some(sock) = st.sock.take() {
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+            if let Some(t) = self.token() {
+                self.reactor.deregister(t, Some(self.fd));
+            }
+            drop(sock);
+        }
+        if let Some(ev) = ev {
+            Self::emit(st, ev);
+        }
+        st.sink = None;
+    }
+
+    fn set_write_interest(&self, st: &mut ConnState, write: bool, read: bool) {
+        if st.writing != write || !read {
+            st.writing = write;
+            if let Some(t) = self.token() {
+                self.reactor.set_interest(t, self.fd, Interest { read, write });
+            }
+        }
+    }
+
+    /// Writes handshake bytes; returns false on a fatal socket error.
+    fn flush_out(st: &mut ConnState) -> std::io::Result<bool> {
+        let Some(sock) = st.sock.as_ref() else { return Ok(false) };
+        while !st.out.is_empty() {
+            match (&*sock).write(&st.out) {
+                Ok(n) => {
+                    st.out.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads what is available into `inbuf`. Ok(true) on EOF.
+    fn read_some(st: &mut ConnState) -> std::io::Result<bool> {
+        let Some(sock) = st.sock.as_ref() else { return Ok(true) };
+        let mut buf = [0u8; 4096];
+        loop {
+            match (&*sock).read(&mut buf) {
+                Ok(0) => return Ok(true),
+                Ok(n) => st.inbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn on_connecting(&self, st: &mut ConnState, ev: Event) {
+        let (deadline, params, qp) = match &st.phase {
+            Phase::Connecting { deadline, params, qp } => (*deadline, params.clone(), qp.clone()),
+            _ => return,
+        };
+        let peer = self.peer;
+        let err = st.sock.as_ref().and_then(|s| s.take_error().ok().flatten());
+        if let Some(e) = err {
+            let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
+            let ev = if errno == Errno::ConnRefused {
+                ConnEvent::Rejected {
+                    errno,
+                    private_data: Vec::new(),
+                    reason: format!("connect to {peer}: connection refused (nothing listens on that port)"),
+                }
+            } else {
+                ConnEvent::Unreachable {
+                    errno,
+                    reason: format!("connect to {peer}: {e}"),
+                }
+            };
+            return self.close(st, Some(ev));
+        }
+        if ev.writable {
+            match handshake::build_request(&params) {
+                Ok(req) => st.out = req,
+                Err(e) => return self.close(st, Some(ConnEvent::ConnectError { reason: e.msg })),
+            }
+            st.phase = Phase::AwaitReply { deadline, params, qp };
+            self.set_write_interest(st, false, true);
+            if let Err(e) = Self::flush_out(st) {
+                return self.close(
+                    st,
+                    Some(ConnEvent::Unreachable {
+                        errno: Errno::ConnReset,
+                        reason: format!("connect to {peer}: {e}"),
+                    }),
+                );
+            }
+        } else if Instant::now() >= deadline {
+            self.close(
+                st,
+                Some(ConnEvent::Unreachable {
+                    errno: Errno::TimedOut,
+                    reason: format!("connect to {peer}: no answer within the connect timeout"),
+                }),
+            );
+        }
+    }
+
+    fn on_await_reply(&self, st: &mut ConnState, ev: Event) {
+        let (deadline, params, qp) = match &st.phase {
+            Phase::AwaitReply { deadline, params, qp } => (*deadline, params.clone(), qp.clone()),
+            _ => return,
+        };
+        let peer = self.peer;
+        if let Err(e) = Self::flush_out(st) {
+            return self.close(
+                st,
+                Some(ConnEvent::Rejected {
+                    errno: Errno::ConnReset,
+                    private_data: Vec::new(),
+                    reason: format!("connect to {peer}: {e}"),
+                }),
+            );
+        }
+        let eof = match Self::read_some(st) {
+            Ok(eof) => eof,
+            Err(e) => {
+                return self.close(
+                    st,
+                    Some(ConnEvent::Rejected {
+                        errno: Errno::ConnReset,
+                        private_data: Vec::new(),
+                        reason: format!("connect to {peer}: {e}"),
+                    }),
+                )
+            }
+        };
+        match handshake::parse_reply(&st.inbuf, &params) {
+            Ok(Some((ReplyOutcome::Rejected(pd), _))) => {
+                let reason = format!("connect to {peer}: the peer rejected the connection");
+                self.close(
+                    st,
+                    Some(ConnEvent::Rejected {
+                        errno: Errno::ConnRefused,
+                        private_data: pd,
+                        reason,
+                    }),
+                )
+            }
+            Ok(Some((ReplyOutcome::Accepted(neg), used))) => {
+                let rest = st.inbuf.split_off(used);
+                st.inbuf.clear();
+                let cfg = EngineConfig {
+                    crc: neg.crc,
+                    ird: neg.ird,
+                    ord: neg.ord,
+                    initiator: true,
+                    rtr: neg.rtr,
+                };
+                let Some(conn) = self.self_arc() else { return };
+                let handle = ConnHandle { conn };
+                if let Err(e) = qp.connect_established(Arc::new(handle), neg.ord.min(255) as u8, neg.ird.min(255) as u8)
+                {
+                    return self.close(st, Some(ConnEvent::ConnectError { reason: e.msg }));
+                }
+                let mut engine = Box::new(Engine::new(qp, cfg));
+                if !rest.is_empty() {
+                    let space = engine.rx_space();
+                    let n = rest.len().min(space.len());
+                    space[..n].copy_from_slice(&rest[..n]);
+                    engine.rx_commit(n);
+                }
+                tracing::debug!(%peer, crc = neg.crc, rtr = neg.rtr, ird = neg.ird, ord = neg.ord, "iWARP connection established (active)");
+                st.phase = Phase::Established { engine };
+                Self::emit(
+                    st,
+                    ConnEvent::Established {
+                        private_data: neg.peer_private_data,
+                        ird: neg.ird,
+                        ord: neg.ord,
+                    },
+                );
+                self.on_established(
+                    st,
+                    Event {
+                        kicked: true,
+                        ..Event::default()
+                    },
+                );
+            }
+            Ok(None) if eof || ev.error => {
+                let reason = format!("connect to {peer}: the peer closed the connection during MPA setup");
+                self.close(
+                    st,
+                    Some(ConnEvent::Rejected {
+                        errno: Errno::ConnReset,
+                        private_data: Vec::new(),
+                        reason,
+                    }),
+                )
+            }
+            Ok(None) => {
+                if Instant::now() >= deadline {
+                    let reason = format!("connect to {peer}: no MPA reply within the connect timeout");
+                    self.close(
+                        st,
+                        Some(ConnEvent::Unreachable {
+                            errno: Errno::TimedOut,
+                            reason,
+                        }),
+                    )
+                }
+            }
+            Err(e) => self.close(
+                st,
+                Some(ConnEvent::ConnectError {
+                    reason: format!("connect to {peer}: {}", e.msg),
+                }),
+            ),
+        }
+    }
+
+    /// A strong handle to this connection (the reactor keeps it alive while registered).
+    pub(crate) fn self_arc(&self) -> Option<Arc<TcpConn>> {
+        self.me.upgrade()
+    }
+
+    /// The data path: read, hand to the engine, write what it produced.
+    pub(crate) fn on_established(&self, st: &mut ConnState, ev: Event) {
+        let ConnState { phase, sock, out, .. } = st;
+        let Phase::Established { engine } = phase else { return };
+        let Some(sock) = sock.as_ref() else { return };
+        let mut closed: Option<String> = None;
+        // Handshake bytes (the MPA Reply) go first.
+        while !out.is_empty() {
+            match (&*sock).write(out) {
+                Ok(n) => {
+                    out.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    closed = Some(format!("send failed: {e}"));
+                    break;
+                }
+            }
+        }
+        if ev.readable || ev.error || ev.kicked {
+            let mut budget = RX_BUDGET;
+            while budget > 0 && engine.phase() == EnginePhase::Running {
+                let space = engine.rx_space();
+                match (&*sock).read(space) {
+                    Ok(0) => {
+                        closed = Some("the peer closed the connection".into());
+                        break;
+                    }
+                    Ok(n) => {
+                        engine.rx_commit(n);
+                        budget = budget.saturating_sub(n);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        closed = Some(format!("connection lost: {e}"));
+                        break;
+                    }
+                }
+            }
+            if budget == 0 {
+                self.kick();
+            }
+        }
+        if st.disconnect && closed.is_none() {
+            closed = Some("disconnected locally".into());
+        }
+        let ConnState { phase, sock, out, .. } = st;
+        let Phase::Established { engine } = phase else { return };
+        let Some(sock) = sock.as_ref() else { return };
+        let mut blocked = !out.is_empty();
+        if !blocked {
+            loop {
+                engine.fill_tx();
+                let pending = engine.tx_pending();
+                if pending.is_empty() {
+                    break;
+                }
+                match (&*sock).write(pending) {
+                    Ok(n) => engine.tx_consumed(n),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        blocked = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        closed.get_or_insert(format!("send failed: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+        let engine_done = engine.phase() != EnginePhase::Running && !engine.wants_tx();
+        if let Some(reason) = closed {
+            engine.peer_closed(&reason);
+            let why = engine.close_reason.clone().unwrap_or(reason);
+            tracing::debug!(peer = %self.peer, %why, "iWARP connection closed");
+            return self.close(st, Some(ConnEvent::Disconnected { reason: why }));
+        }
+        if engine_done {
+            let why = engine
+                .close_reason
+                .clone()
+                .unwrap_or_else(|| "QP moved to the error state".into());
+            // Let the Terminate reach the peer before the FIN.
+            return self.close(st, Some(ConnEvent::Disconnected { reason: why }));
+        }
+        self.set_write_interest(st, blocked, true);
+    }
+}
+
+impl Source for TcpConn {
+    fn on_event(&self, _token: Token, ev: Event) {
+        let mut st = self.lock();
+        match st.phase {
+            Phase::Connecting { .. } => self.on_connecting(&mut st, ev),
+            Phase::AwaitReply { .. } => self.on_await_reply(&mut st, ev),
+            Phase::AwaitRequest { .. } => super::listen::on_await_request(self, &mut st, ev),
+            Phase::AwaitAccept { .. } => {
+                if ev.error {
+                    self.close(&mut st, None);
+                }
+            }
+            Phase::Established { .. } => self.on_established(&mut st, ev),
+            Phase::Closed => {}
+        }
+    }
+}
+
+/// Starts an active connection for `qp` to `dst`. Events go to `sink`.
+pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink) -> Result<ConnHandle> {
+    handshake::check_private_data(&params.private_data)?;
+    match qp.state() {
+        QpState::Init | QpState::Rtr => {}
+        s => bail!(
+            Inval,
+            "connect QP {} to {dst}: the QP is in {s}; it must be INIT or RTR",
+            qp.qpn()
+        ),
+    }
+    let sock = Socket::new(addr_domain(&dst), Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| Error::os(format!("connect to {dst}: socket"), &e))?;
+    sock.set_nodelay(true).map_err(|e| Error::os("TCP_NODELAY", &e))?;
+    sock.set_cloexec(true).map_err(|e| Error::os("FD_CLOEXEC", &e))?;
+    if let Some(src) = params.src {
+        sock.bind(&src.into())
+            .map_err(|e| Error::os(format!("connect to {dst}: bind {src}"), &e))?;
+    }
+    sock.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
+    match sock.connect(&dst.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(Error::os(format!("connect to {dst}"), &e)),
+    }
+    let local = sock.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(dst);
+    let deadline = Instant::now() + params.timeout;
+    let mpa = MpaParams {
+        private_data: params.private_data,
+        ird: params.ird,
+        ord: params.ord,
+        crc: params.crc,
+    };
+    let phase = Phase::Connecting {
+        deadline,
+        params: mpa,
+        qp: qp.inner().clone(),
+    };
+    let conn = TcpConn::register(
+        sock,
+        local,
+        dst,
+        phase,
+        Some(sink),
+        Interest {
+            read: true,
+            write: true,
+        },
+    )?;
+    conn.set_timer(deadline);
+    Ok(ConnHandle { conn })
+}
+
+/// Connects and waits for the outcome. On success returns the handle and the peer's private data.
+pub fn connect_blocking(qp: &Qp, dst: SocketAddr, params: ConnectParams) -> Result<(ConnHandle, Vec<u8>)> {
+    let timeout = params.timeout;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let sink: EventSink = Arc::new(move |ev| {
+        if let Ok(t) = tx.lock() {
+            let _ = t.send(ev);
+        }
+    });
+    let handle = connect(qp, dst, params, sink)?;
+    match rx.recv_timeout(timeout + std::time::Duration::from_secs(1)) {
+        Ok(ConnEvent::Established { private_data, .. }) => Ok((handle, private_data)),
+        Ok(ConnEvent::Rejected { errno, reason, .. }) => Err(Error::new(errno, reason)),
+        Ok(ConnEvent::Unreachable { errno, reason }) => Err(Error::new(errno, reason)),
+        Ok(ConnEvent::ConnectError { reason }) => Err(Error::new(Errno::Proto, reason)),
+        Ok(ConnEvent::Disconnected { reason }) => Err(Error::new(Errno::ConnReset, reason)),
+        Err(_) => {
+            handle.disconnect();
+            Err(Error::new(
+                Errno::TimedOut,
+                format!("connect to {dst}: no outcome within {timeout:?}"),
+            ))
+        }
+    }
+}

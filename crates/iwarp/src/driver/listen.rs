@@ -1,0 +1,415 @@
+//! Listening sockets and incoming connection requests.
+
+use super::conn::{ConnHandle, ConnState, Phase, TcpConn};
+use super::{ConnEvent, ConnectParams, EventSink};
+use crate::engine::{Engine, EngineConfig};
+use crate::handshake::{self, MpaParams};
+use socket2::{Domain, Protocol, Socket, Type};
+use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
+use softrdma_verbs::{bail, Error, Qp, QpState, Result};
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// How long an accepted TCP connection may take to send its MPA Request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+type RequestSink = Box<dyn Fn(ConnRequest) + Send + Sync>;
+
+pub(crate) struct ListenShared {
+    me: Weak<ListenShared>,
+    reactor: &'static Arc<Reactor>,
+    token: OnceLock<Token>,
+    sock: Mutex<Option<Socket>>,
+    fd: i32,
+    local: SocketAddr,
+    backlog: usize,
+    pending: AtomicUsize,
+    on_request: RequestSink,
+}
+
+impl Source for ListenShared {
+    fn on_event(&self, _token: Token, _ev: Event) {
+        let Ok(guard) = self.sock.lock() else { return };
+        let Some(sock) = guard.as_ref() else { return };
+        loop {
+            match sock.accept() {
+                Ok((s, peer)) => {
+                    let peer = peer.as_socket().unwrap_or(self.local);
+                    if let Err(e) = self.start_handshake(s, peer) {
+                        tracing::warn!(listener = %self.local, %peer, error = %e, "cannot track incoming connection");
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and friends: log and retry on the next readiness event.
+                    tracing::warn!(listener = %self.local, error = %e, "accept failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl ListenShared {
+    fn start_handshake(&self, s: Socket, peer: SocketAddr) -> Result<()> {
+        s.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
+        let _ = s.set_nodelay(true);
+        let _ = s.set_cloexec(true);
+        let local = s.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(self.local);
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let phase = Phase::AwaitRequest {
+            deadline,
+            listener: self.me.clone(),
+        };
+        let conn = TcpConn::register(
+            s,
+            local,
+            peer,
+            phase,
+            None,
+            Interest {
+                read: true,
+                write: false,
+            },
+        )?;
+        conn.set_timer(deadline);
+        Ok(())
+    }
+}
+
+/// Called on the progress thread while a passive connection waits for the MPA Request.
+pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) {
+    let Phase::AwaitRequest { deadline, listener } = &st.phase else {
+        return;
+    };
+    let (deadline, listener) = (*deadline, listener.clone());
+    let mut buf = [0u8; 4096];
+    let mut eof = false;
+    if let Some(sock) = st.sock.as_ref() {
+        loop {
+            match std::io::Read::read(&mut &*sock, &mut buf) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => st.inbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    eof = true;
+                    break;
+                }
+            }
+        }
+    }
+    match handshake::parse_request(&st.inbuf) {
+        Ok(Some((frame, used))) => {
+            st.inbuf.drain(..used);
+            let Some(l) = listener.upgrade() else {
+                return reject_now(conn, st, frame.revision, "the listener was closed");
+            };
+            if l.pending.load(Ordering::Acquire) >= l.backlog {
+                tracing::warn!(listener = %l.local, peer = %conn.peer, backlog = l.backlog, "backlog full: rejecting connection request");
+                return reject_now(conn, st, frame.revision, "backlog full");
+            }
+            l.pending.fetch_add(1, Ordering::AcqRel);
+            let req = ConnRequest {
+                conn: conn.self_arc(),
+                private_data: frame.private_data.clone(),
+                ird: frame.enhanced.map(|e| e.ird as u32).unwrap_or(0),
+                ord: frame.enhanced.map(|e| e.ord as u32).unwrap_or(0),
+                peer_addr: conn.peer,
+                local_addr: conn.local,
+                listener: Arc::downgrade(&l),
+                decided: false,
+            };
+            st.phase = Phase::AwaitAccept { request: frame };
+            if let Some(t) = conn.token() {
+                conn_reactor().set_interest(
+                    t,
+                    conn.sock_fd(),
+                    Interest {
+                        read: false,
+                        write: false,
+                    },
+                );
+            }
+            (l.on_request)(req);
+        }
+        Ok(None) if eof || ev.error => conn.close(st, None),
+        Ok(None) => {
+            if Instant::now() >= deadline {
+                tracing::warn!(peer = %conn.peer, "no MPA request within {REQUEST_TIMEOUT:?}: closing");
+                conn.close(st, None);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(peer = %conn.peer, error = %e, "bad MPA request: closing");
+            conn.close(st, None);
+        }
+    }
+}
+
+fn conn_reactor() -> &'static Arc<Reactor> {
+    // The reactor exists: the connection calling us is registered with it.
+    match Reactor::global() {
+        Ok(r) => r,
+        Err(_) => std::process::abort(),
+    }
+}
+
+fn reject_now(conn: &TcpConn, st: &mut ConnState, revision: u8, why: &str) {
+    if let Ok(bytes) = handshake::build_reject(revision, &[]) {
+        if let Some(sock) = st.sock.as_ref() {
+            let _ = std::io::Write::write(&mut &*sock, &bytes);
+        }
+    }
+    tracing::debug!(peer = %conn.peer, why, "connection request rejected");
+    conn.close(st, None);
+}
+
+/// A listening iWARP endpoint (a TCP listener on `addr`).
+pub struct Listener {
+    shared: Arc<ListenShared>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Listener({})", self.shared.local)
+    }
+}
+
+impl Listener {
+    /// Listens on `addr`; each connection request that completes its MPA Request goes to
+    /// `on_request` (on the progress thread). At most `backlog` requests may await a decision;
+    /// more are rejected.
+    pub fn bind(
+        addr: SocketAddr,
+        backlog: u32,
+        on_request: impl Fn(ConnRequest) + Send + Sync + 'static,
+    ) -> Result<Listener> {
+        let reactor = Reactor::global()?;
+        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let sock = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+            .map_err(|e| Error::os(format!("listen on {addr}: socket"), &e))?;
+        sock.set_reuse_address(true)
+            .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
+        let _ = sock.set_cloexec(true);
+        if addr.is_ipv6() {
+            let _ = sock.set_only_v6(false);
+        }
+        sock.bind(&addr.into())
+            .map_err(|e| Error::os(format!("listen on {addr}: bind"), &e))?;
+        let backlog = if backlog == 0 { 1024 } else { backlog.min(1 << 16) };
+        sock.listen(backlog.max(128) as i32)
+            .map_err(|e| Error::os(format!("listen on {addr}"), &e))?;
+        sock.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
+        let local = sock.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(addr);
+        let fd = sock.as_raw_fd();
+        let shared = Arc::new_cyclic(|me| ListenShared {
+            me: me.clone(),
+            reactor,
+            token: OnceLock::new(),
+            sock: Mutex::new(Some(sock)),
+            fd,
+            local,
+            backlog: backlog as usize,
+            pending: AtomicUsize::new(0),
+            on_request: Box::new(on_request),
+        });
+        let token = reactor
+            .register(
+                fd,
+                Interest {
+                    read: true,
+                    write: false,
+                },
+                shared.clone(),
+            )
+            .map_err(|e| Error::os(format!("listen on {addr}: epoll"), &e))?;
+        let _ = shared.token.set(token);
+        Ok(Listener { shared })
+    }
+
+    /// Listens and queues requests on a channel (for blocking callers).
+    pub fn bind_queue(addr: SocketAddr, backlog: u32) -> Result<(Listener, std::sync::mpsc::Receiver<ConnRequest>)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = Mutex::new(tx);
+        let l = Listener::bind(addr, backlog, move |req| {
+            if let Ok(t) = tx.lock() {
+                let _ = t.send(req);
+            }
+        })?;
+        Ok((l, rx))
+    }
+
+    /// The bound address (with the port the kernel chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local
+    }
+
+    /// Requests delivered but not yet accepted or rejected.
+    pub fn pending(&self) -> usize {
+        self.shared.pending.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Some(t) = self.shared.token.get() {
+            self.shared.reactor.deregister(*t, Some(self.shared.fd));
+        }
+        if let Ok(mut s) = self.shared.sock.lock() {
+            s.take();
+        }
+    }
+}
+
+/// An incoming connection whose MPA Request arrived. Accept it with a QP, or reject it.
+/// Dropping it undecided rejects it.
+pub struct ConnRequest {
+    conn: Option<Arc<TcpConn>>,
+    /// The initiator's private data.
+    pub private_data: Vec<u8>,
+    /// The initiator's IRD (0 for MPA revision 1).
+    pub ird: u32,
+    /// The initiator's ORD (0 for MPA revision 1).
+    pub ord: u32,
+    /// The initiator's address.
+    pub peer_addr: SocketAddr,
+    /// The local address the request arrived on.
+    pub local_addr: SocketAddr,
+    listener: Weak<ListenShared>,
+    decided: bool,
+}
+
+impl std::fmt::Debug for ConnRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ConnRequest({} -> {})", self.peer_addr, self.local_addr)
+    }
+}
+
+impl ConnRequest {
+    fn decide(&mut self) {
+        if !self.decided {
+            self.decided = true;
+            if let Some(l) = self.listener.upgrade() {
+                l.pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Accepts with `qp` (in INIT or RTR): sends the MPA Reply and moves the QP to RTS.
+    /// The `Established` event is delivered to `sink` before this returns.
+    pub fn accept(mut self, qp: &Qp, params: ConnectParams, sink: EventSink) -> Result<ConnHandle> {
+        handshake::check_private_data(&params.private_data)?;
+        match qp.state() {
+            QpState::Init | QpState::Rtr => {}
+            s => bail!(
+                Inval,
+                "accept from {} on QP {}: the QP is in {s}; it must be INIT or RTR",
+                self.peer_addr,
+                qp.qpn()
+            ),
+        }
+        self.decide();
+        let Some(conn) = self.conn.take() else {
+            bail!(ConnReset, "accept from {}: connection gone", self.peer_addr)
+        };
+        let mut st = conn.lock();
+        let Phase::AwaitAccept { request } = &st.phase else {
+            bail!(
+                ConnReset,
+                "accept from {}: the peer closed the connection before it was accepted",
+                self.peer_addr
+            );
+        };
+        let mpa = MpaParams {
+            private_data: params.private_data,
+            ird: params.ird,
+            ord: params.ord,
+            crc: params.crc,
+        };
+        let (reply, neg) = handshake::build_accept(request, &mpa)?;
+        let handle = ConnHandle { conn: conn.clone() };
+        qp.inner()
+            .connect_established(Arc::new(handle.clone()), neg.ord.min(255) as u8, neg.ird.min(255) as u8)?;
+        let cfg = EngineConfig {
+            crc: neg.crc,
+            ird: neg.ird,
+            ord: neg.ord,
+            initiator: false,
+            rtr: neg.rtr,
+        };
+        let mut engine = Box::new(Engine::new(qp.inner().clone(), cfg));
+        let early = std::mem::take(&mut st.inbuf);
+        if !early.is_empty() {
+            let space = engine.rx_space();
+            let n = early.len().min(space.len());
+            space[..n].copy_from_slice(&early[..n]);
+            engine.rx_commit(n);
+        }
+        st.set_out(reply);
+        st.set_sink(sink.clone());
+        st.phase = Phase::Established { engine };
+        drop(st);
+        if let Some(t) = conn.token() {
+            conn_reactor().set_interest(
+                t,
+                conn.sock_fd(),
+                Interest {
+                    read: true,
+                    write: true,
+                },
+            );
+        }
+        conn.kick();
+        sink(ConnEvent::Established {
+            private_data: neg.peer_private_data,
+            ird: neg.ird,
+            ord: neg.ord,
+        });
+        Ok(handle)
+    }
+
+    /// Rejects with an MPA Reply that has the reject flag and `private_data`.
+    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        handshake::check_private_data(private_data)?;
+        self.decide();
+        let Some(conn) = self.conn.take() else { return Ok(()) };
+        let mut st = conn.lock();
+        let rev = match &st.phase {
+            Phase::AwaitAccept { request } => request.revision,
+            _ => return Ok(()),
+        };
+        let bytes = handshake::build_reject(rev, private_data)?;
+        st.set_out(bytes);
+        st.flush_blocking_then_close(&conn);
+        Ok(())
+    }
+}
+
+impl Drop for ConnRequest {
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            let conn = self.conn.take();
+            self.decide();
+            if let Some(conn) = conn {
+                let mut st = conn.lock();
+                let rev = match &st.phase {
+                    Phase::AwaitAccept { request } => request.revision,
+                    _ => 2,
+                };
+                if let Ok(bytes) = handshake::build_reject(rev, &[]) {
+                    st.set_out(bytes);
+                }
+                st.flush_blocking_then_close(&conn);
+            }
+        }
+    }
+}
