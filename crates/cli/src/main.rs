@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod devices;
+mod perf;
 
 /// Errors a subcommand reports; `main` prints them as `softrdma: <message>` and exits 1.
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -21,6 +22,8 @@ struct Cli {
 enum Command {
     /// List RDMA devices: name, transport, netdev, addresses, port state, loopback capability.
     Devices(devices::DevicesArgs),
+    /// Bandwidth and latency tests (perftest-style): server without ADDR, client with it.
+    Perf(perf::PerfArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: CmdResult = match cli.command {
         Command::Devices(args) => devices::run(&args),
+        Command::Perf(args) => perf::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -99,6 +99,15 @@ impl MemRegion {
         true
     }
 
+    /// Reads one byte with a volatile load (for spinning on a flag byte a peer writes).
+    pub fn read_volatile_u8(&self, offset: usize) -> Option<u8> {
+        if offset >= self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked above); memory valid per the registration contract.
+        Some(unsafe { std::ptr::read_volatile(self.base.as_ptr().add(offset)) })
+    }
+
     /// Appends `len` bytes at `offset` to `out`. Returns false (and appends nothing) when out of bounds.
     pub fn append_to(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> bool {
         if !self.check(offset, len) {

@@ -264,6 +264,11 @@ impl Mr {
         Ok(())
     }
 
+    /// One byte, read with a volatile load (for polling a flag byte a peer writes).
+    pub fn read_byte_volatile(&self, offset: usize) -> Option<u8> {
+        self.inner.region.read_volatile_u8(offset)
+    }
+
     /// A copy of the whole MR contents.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len()];

@@ -257,6 +257,11 @@ impl QpInner {
         }
     }
 
+    /// Send WRs posted and not yet completed or retired.
+    pub fn sends_outstanding(&self) -> u32 {
+        self.core().sq_outstanding
+    }
+
     /// Frees `n` send-queue slots (completed or retired WRs).
     pub fn retire_sends(&self, n: u32) {
         let mut c = self.core();

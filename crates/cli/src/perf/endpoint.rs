@@ -1,0 +1,149 @@
+//! One side's verbs objects for a perf run, and completion helpers.
+
+use softrdma_verbs::device::{self, DeviceInfo};
+use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+use softrdma_verbs::*;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// Send queue depth used by the bandwidth tests.
+pub const DEPTH: u32 = 128;
+
+/// PD, CQ and an RC QP in INIT, ready to connect.
+pub struct Endpoint {
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: Qp,
+}
+
+/// Picks the device: `-d NAME`, else the one owning `ip`, else the first one.
+pub fn pick_device(name: Option<&str>, ip: Option<IpAddr>) -> Result<DeviceInfo> {
+    if let Some(n) = name {
+        return device::find_device(n);
+    }
+    if let Some(d) = ip.filter(|ip| !ip.is_unspecified()).and_then(device::device_for_ip) {
+        return Ok(d);
+    }
+    device::list_devices()?.into_iter().next().ok_or_else(|| {
+        Error::new(
+            Errno::NoDev,
+            "no softrdma device: no interface is up with an address (see `softrdma devices`)",
+        )
+    })
+}
+
+impl Endpoint {
+    pub fn new(dev: &DeviceInfo, recv_depth: u32) -> Result<Endpoint> {
+        let ctx = Context::open(dev)?;
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(4 * DEPTH + recv_depth + 16, None)?;
+        let cap = QpCap {
+            max_send_wr: DEPTH,
+            max_recv_wr: recv_depth.max(1),
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let init = QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        };
+        let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
+        let attr = QpAttr {
+            qp_state: Some(QpState::Init),
+            qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            ..QpAttr::default()
+        };
+        qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS)?;
+        Ok(Endpoint { pd, cq, qp })
+    }
+
+    /// Waits for one completion (spinning, then yielding); errors name the WR and status.
+    pub fn next_wc(&self, timeout: Duration) -> Result<WorkCompletion> {
+        let deadline = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            if let Some(wc) = self.cq.poll_one() {
+                if wc.status != WcStatus::Success {
+                    bail!(
+                        Io,
+                        "QP {}: work request {:#x} ({:?}) failed: {} (vendor_err {:#x})",
+                        wc.qp_num,
+                        wc.wr_id,
+                        wc.opcode,
+                        wc.status.as_str(),
+                        wc.vendor_err
+                    );
+                }
+                return Ok(wc);
+            }
+            spins += 1;
+            if spins > SPINS {
+                if Instant::now() >= deadline {
+                    bail!(TimedOut, "QP {}: no completion within {timeout:?}", self.qp.qpn());
+                }
+                // On a 2-CPU machine a spinning poller starves the progress threads: back off.
+                std::thread::sleep(BACKOFF);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+impl Endpoint {
+    /// Waits until every posted send has completed (the QP's send queue is empty).
+    pub fn drain_sends(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.qp.inner().sends_outstanding() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.next_wc(left)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next receive completion; send completions met on the way are consumed.
+    pub fn next_recv(&self, timeout: Duration) -> Result<WorkCompletion> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wc = self.next_wc(left)?;
+            if wc.opcode == WcOpcode::Recv {
+                return Ok(wc);
+            }
+        }
+    }
+}
+
+/// Spins until byte `off` of `mr` equals `want`.
+pub fn wait_byte(mr: &Mr, off: usize, want: u8, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut spins = 0u32;
+    while mr.read_byte_volatile(off) != Some(want) {
+        spins += 1;
+        if spins > SPINS {
+            if Instant::now() >= deadline {
+                bail!(
+                    TimedOut,
+                    "no RDMA WRITE arrived within {timeout:?} (waiting for byte {off} = {want})"
+                );
+            }
+            std::thread::sleep(BACKOFF);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
+}
+
+/// Busy-poll iterations before backing off.
+const SPINS: u32 = 4000;
+/// Back-off sleep once spinning found nothing.
+const BACKOFF: Duration = Duration::from_micros(10);
+
+/// Per-operation timeout inside a run.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(30);
