@@ -169,7 +169,7 @@ pub fn build_accept(req: &MpaFrame, p: &MpaParams) -> Result<(Vec<u8>, Negotiate
         None => p.ord.max(1),
     };
     let ird = clamp14(p.ird) as u32;
-    let enhanced = use_enhanced.then(|| IrdOrd {
+    let enhanced = use_enhanced.then_some(IrdOrd {
         ird: ird as u16,
         ord: ord as u16,
         peer_to_peer: rtr,

@@ -121,7 +121,7 @@ fn serve_send_bw(ep: &Endpoint, buf: &Mr, r: &Request, slots: usize) -> softrdma
             ok &= wc.byte_len as usize == size && got == want[i as usize % slots];
         }
         ep.qp.post_recv_one(slot as u64, buf.sge(slot * size, size as u32))?;
-        let window_done = (i as usize + 1) % slots == 0 || i + 1 == r.iters;
+        let window_done = (i as usize + 1).is_multiple_of(slots) || i + 1 == r.iters;
         if window_done {
             credit.write(0, &[ok as u8, 0, 0, 0])?;
             ep.qp.post_send_one(SendWr::send(u64::MAX, vec![credit.sge(0, 4)]))?;
@@ -133,7 +133,7 @@ fn serve_send_bw(ep: &Endpoint, buf: &Mr, r: &Request, slots: usize) -> softrdma
 
 /// send-lat: echoes each message back.
 fn serve_send_lat(ep: &Endpoint, buf: &Mr, r: &Request) -> softrdma_verbs::Result<()> {
-    let size = r.size as u32;
+    let size = r.size;
     let echo = ep.pd.alloc_mr(size as usize, Access::LOCAL_WRITE)?;
     let mut tmp = vec![0u8; size as usize];
     for _ in 0..r.iters {

@@ -295,13 +295,8 @@ impl TcpConn {
             st.phase = Phase::AwaitReply { deadline, params, qp };
             self.set_write_interest(st, false, true);
             if let Err(e) = Self::flush_out(st) {
-                return self.close(
-                    st,
-                    Some(ConnEvent::Unreachable {
-                        errno: Errno::ConnReset,
-                        reason: format!("connect to {peer}: {e}"),
-                    }),
-                );
+                let reason = format!("connect to {peer}: {e}");
+                self.close(st, Some(ConnEvent::Unreachable { errno: Errno::ConnReset, reason }));
             }
         } else if Instant::now() >= deadline {
             self.close(

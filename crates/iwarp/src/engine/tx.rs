@@ -85,7 +85,7 @@ impl Engine {
             let wqe = self.qp.pop_send_if(|w| {
                 let is_read = w.wr.opcode == Some(WrOpcode::RdmaRead);
                 let fenced = w.wr.flags.contains(SendFlags::FENCE) && orq_len > 0;
-                !(is_read && orq_len >= ord) && !fenced
+                !(fenced || is_read && orq_len >= ord)
             });
             match wqe {
                 Some(w) => self.start_wqe(w),
