@@ -296,7 +296,13 @@ impl TcpConn {
             self.set_write_interest(st, false, true);
             if let Err(e) = Self::flush_out(st) {
                 let reason = format!("connect to {peer}: {e}");
-                self.close(st, Some(ConnEvent::Unreachable { errno: Errno::ConnReset, reason }));
+                self.close(
+                    st,
+                    Some(ConnEvent::Unreachable {
+                        errno: Errno::ConnReset,
+                        reason,
+                    }),
+                );
             }
         } else if Instant::now() >= deadline {
             self.close(
