@@ -197,3 +197,68 @@ impl Cq {
         got
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::{WcOpcode, WcStatus};
+    use std::time::Duration;
+
+    fn wc(id: u64, solicited: bool) -> WorkCompletion {
+        let mut w = WorkCompletion::new(id, WcStatus::Success, WcOpcode::Recv, 1);
+        w.solicited = solicited;
+        w
+    }
+
+    fn readable(fd: i32, ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    }
+
+    #[test]
+    fn armed_cq_posts_one_event_to_a_pollable_channel() {
+        let ch = CompChannel::new().unwrap();
+        let cq = Cq::new(4, 16, Some(ch.clone())).unwrap();
+        cq.inner().push(wc(1, false));
+        assert!(!readable(ch.fd(), 0), "an unarmed CQ must not fire");
+        assert_eq!(
+            ch.get_cq_event(Some(Duration::ZERO)).unwrap_err().errno,
+            crate::Errno::Again
+        );
+        cq.req_notify(false).unwrap();
+        cq.inner().push(wc(2, false));
+        cq.inner().push(wc(3, false));
+        assert!(readable(ch.fd(), 1000));
+        let got = ch.get_cq_event(Some(Duration::from_secs(1))).unwrap();
+        assert_eq!(got.inner().id(), cq.inner().id());
+        assert!(!readable(ch.fd(), 0), "one event per arming");
+        assert_eq!(cq.unacked_events(), 1);
+        got.ack_events(1);
+        assert_eq!(cq.unacked_events(), 0);
+        let mut out = [wc(0, false); 8];
+        assert_eq!(cq.poll(&mut out), 3);
+        assert_eq!(out[2].wr_id, 3);
+    }
+
+    #[test]
+    fn solicited_arming_waits_for_a_solicited_completion_and_overflow_is_reported() {
+        let ch = CompChannel::new().unwrap();
+        let cq = Cq::new(2, 16, Some(ch.clone())).unwrap();
+        cq.req_notify(true).unwrap();
+        cq.inner().push(wc(1, false));
+        assert!(!readable(ch.fd(), 0));
+        cq.inner().push(wc(2, true));
+        assert!(readable(ch.fd(), 1000));
+        assert!(!cq.inner().push(wc(3, false)));
+        assert!(cq.overflowed());
+        assert_eq!(Cq::new(0, 16, None).unwrap_err().errno, crate::Errno::Inval);
+        assert_eq!(cq.req_notify(false).map_err(|e| e.errno), Ok(()));
+        let no_channel = Cq::new(1, 16, None).unwrap();
+        assert_eq!(no_channel.req_notify(false).unwrap_err().errno, crate::Errno::Inval);
+    }
+}
