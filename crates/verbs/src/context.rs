@@ -36,6 +36,34 @@ impl Context {
         &self.inner.device
     }
 
+    /// Device attributes (`ibv_query_device`).
+    pub fn query_device(&self) -> crate::device::DeviceAttr {
+        self.inner.device.attr()
+    }
+
+    /// Port attributes (`ibv_query_port`); the device has port 1 only.
+    pub fn query_port(&self, port: u8) -> Result<crate::device::PortAttr> {
+        if port != 1 {
+            crate::bail!(
+                Inval,
+                "query_port: {} has port 1 only (asked for {port})",
+                self.inner.device.name
+            );
+        }
+        Ok(self.inner.device.port_attr())
+    }
+
+    /// GID table entry (`ibv_query_gid`).
+    pub fn query_gid(&self, port: u8, index: usize) -> Result<crate::device::Gid> {
+        self.query_port(port)?;
+        self.inner.device.gid(index).ok_or_else(|| {
+            crate::Error::inval(format!(
+                "query_gid: {} has no GID at index {index}",
+                self.inner.device.name
+            ))
+        })
+    }
+
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<Pd> {
         Ok(Pd::new(self.clone()))
