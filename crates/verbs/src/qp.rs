@@ -160,22 +160,20 @@ pub struct QpInner {
     core: Mutex<QpCore>,
 }
 
+/// QP numbers: a random 23-bit start per process (so two processes rarely share numbers),
+/// then sequential, skipping the reserved QP0 and QP1.
 fn next_qpn() -> u32 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let mut n = NEXT.load(Ordering::Relaxed);
-    if n == 0 {
+    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| {
         let mut b = [0u8; 4];
         let _ = getrandom::getrandom(&mut b);
-        let start = (u32::from_ne_bytes(b) & 0x7f_ffff) | 0x10;
-        let _ = NEXT.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed);
-        n = NEXT.load(Ordering::Relaxed);
-    }
-    let _ = n;
-    let q = NEXT.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
-    if q < 2 {
-        next_qpn()
-    } else {
-        q
+        AtomicU32::new((u32::from_ne_bytes(b) & 0x7f_ffff) | 0x10)
+    });
+    loop {
+        let q = next.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
+        if q >= 2 {
+            return q;
+        }
     }
 }
 
