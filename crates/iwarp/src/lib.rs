@@ -9,6 +9,8 @@ pub mod driver;
 pub mod engine;
 pub mod handshake;
 
-pub use driver::{connect, connect_blocking, ConnEvent, ConnHandle, ConnRequest, ConnectParams, EventSink, Listener};
+pub use driver::{
+    connect, connect_blocking, connect_socket, ConnEvent, ConnHandle, ConnRequest, ConnectParams, EventSink, Listener,
+};
 
 pub use handshake::MAX_PRIVATE_DATA;

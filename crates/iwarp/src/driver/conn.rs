@@ -557,11 +557,37 @@ pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink)
     }
     let sock = Socket::new(addr_domain(&dst), Type::STREAM, Some(Protocol::TCP))
         .map_err(|e| Error::os(format!("connect to {dst}: socket"), &e))?;
-    sock.set_nodelay(true).map_err(|e| Error::os("TCP_NODELAY", &e))?;
-    sock.set_cloexec(true).map_err(|e| Error::os("FD_CLOEXEC", &e))?;
     if let Some(src) = params.src {
         sock.bind(&src.into())
             .map_err(|e| Error::os(format!("connect to {dst}: bind {src}"), &e))?;
+    }
+    connect_socket(sock, qp, dst, params, sink)
+}
+
+/// Like [`connect`], from a socket the caller already created (and possibly bound, e.g. to
+/// keep a port reserved since `rdma_bind_addr`).
+pub fn connect_socket(
+    sock: Socket,
+    qp: &Qp,
+    dst: SocketAddr,
+    params: ConnectParams,
+    sink: EventSink,
+) -> Result<ConnHandle> {
+    handshake::check_private_data(&params.private_data)?;
+    match qp.state() {
+        QpState::Init | QpState::Rtr => {}
+        s => bail!(
+            Inval,
+            "connect QP {} to {dst}: the QP is in {s}; it must be INIT or RTR",
+            qp.qpn()
+        ),
+    }
+    sock.set_nodelay(true).map_err(|e| Error::os("TCP_NODELAY", &e))?;
+    sock.set_cloexec(true).map_err(|e| Error::os("FD_CLOEXEC", &e))?;
+    if let Some(tos) = params.tos {
+        if dst.is_ipv4() {
+            let _ = sock.set_tos(tos as u32);
+        }
     }
     sock.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
     match sock.connect(&dst.into()) {

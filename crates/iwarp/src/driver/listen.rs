@@ -193,18 +193,32 @@ impl Listener {
         backlog: u32,
         on_request: impl Fn(ConnRequest) + Send + Sync + 'static,
     ) -> Result<Listener> {
-        let reactor = Reactor::global()?;
         let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
         let sock = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
             .map_err(|e| Error::os(format!("listen on {addr}: socket"), &e))?;
         sock.set_reuse_address(true)
             .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
-        let _ = sock.set_cloexec(true);
         if addr.is_ipv6() {
             let _ = sock.set_only_v6(false);
         }
         sock.bind(&addr.into())
             .map_err(|e| Error::os(format!("listen on {addr}: bind"), &e))?;
+        Listener::from_socket(sock, backlog, on_request)
+    }
+
+    /// Listens on an already bound socket (e.g. the one `rdma_bind_addr` reserved).
+    pub fn from_socket(
+        sock: Socket,
+        backlog: u32,
+        on_request: impl Fn(ConnRequest) + Send + Sync + 'static,
+    ) -> Result<Listener> {
+        let reactor = Reactor::global()?;
+        let _ = sock.set_cloexec(true);
+        let addr = sock
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or_else(|| Error::inval("listen: the socket is not bound to an IP address"))?;
         let backlog = if backlog == 0 { 1024 } else { backlog.min(1 << 16) };
         sock.listen(backlog.max(128) as i32)
             .map_err(|e| Error::os(format!("listen on {addr}"), &e))?;

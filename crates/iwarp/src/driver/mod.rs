@@ -7,7 +7,7 @@
 mod conn;
 mod listen;
 
-pub use conn::{connect, connect_blocking, ConnHandle};
+pub use conn::{connect, connect_blocking, connect_socket, ConnHandle};
 pub use listen::{ConnRequest, Listener};
 
 use softrdma_verbs::Errno;
@@ -73,6 +73,8 @@ pub struct ConnectParams {
     pub timeout: Duration,
     /// Local address to bind before connecting (active side).
     pub src: Option<SocketAddr>,
+    /// IP type of service for the TCP connection (IPv4).
+    pub tos: Option<u8>,
 }
 
 /// Default connection setup bound.
@@ -87,6 +89,7 @@ impl Default for ConnectParams {
             crc: std::env::var("SOFTRDMA_MPA_CRC").map(|v| v == "1").unwrap_or(false),
             timeout: DEFAULT_TIMEOUT,
             src: None,
+            tos: None,
         }
     }
 }

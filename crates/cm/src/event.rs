@@ -1,0 +1,255 @@
+//! CM events and the event channel (`rdma_event_channel`): an fd readable while events wait.
+
+use crate::id::{CmId, IdInner};
+use crate::param::ConnParam;
+use softrdma_verbs::{Errno, Error, Result};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Event types (`enum rdma_cm_event_type`, same numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum EventType {
+    /// Address resolution succeeded.
+    AddrResolved = 0,
+    /// Address resolution failed.
+    AddrError = 1,
+    /// Route resolution succeeded.
+    RouteResolved = 2,
+    /// Route resolution failed.
+    RouteError = 3,
+    /// A connection request arrived on a listener (carries a new id).
+    ConnectRequest = 4,
+    /// Active side without a QP: the peer accepted.
+    ConnectResponse = 5,
+    /// Connection setup failed.
+    ConnectError = 6,
+    /// The peer did not answer.
+    Unreachable = 7,
+    /// The peer rejected (status: -ECONNREFUSED on iWARP).
+    Rejected = 8,
+    /// The connection is up.
+    Established = 9,
+    /// The connection is down.
+    Disconnected = 10,
+    /// The device went away.
+    DeviceRemoval = 11,
+    /// Multicast join done.
+    MulticastJoin = 12,
+    /// Multicast error.
+    MulticastError = 13,
+    /// Address change.
+    AddrChange = 14,
+    /// Time-wait ended.
+    TimewaitExit = 15,
+}
+
+impl EventType {
+    /// `rdma_event_str` text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
+            EventType::AddrError => "RDMA_CM_EVENT_ADDR_ERROR",
+            EventType::RouteResolved => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+            EventType::RouteError => "RDMA_CM_EVENT_ROUTE_ERROR",
+            EventType::ConnectRequest => "RDMA_CM_EVENT_CONNECT_REQUEST",
+            EventType::ConnectResponse => "RDMA_CM_EVENT_CONNECT_RESPONSE",
+            EventType::ConnectError => "RDMA_CM_EVENT_CONNECT_ERROR",
+            EventType::Unreachable => "RDMA_CM_EVENT_UNREACHABLE",
+            EventType::Rejected => "RDMA_CM_EVENT_REJECTED",
+            EventType::Established => "RDMA_CM_EVENT_ESTABLISHED",
+            EventType::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
+            EventType::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+            EventType::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
+            EventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
+            EventType::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
+            EventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        }
+    }
+}
+
+impl std::fmt::Display for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One CM event (`struct rdma_cm_event`). Acknowledge it with [`CmEvent::ack`] (or drop it).
+#[derive(Debug)]
+pub struct CmEvent {
+    /// The id the event is for (for CONNECT_REQUEST: the new passive id).
+    pub id: CmId,
+    /// For CONNECT_REQUEST: the listening id.
+    pub listen_id: Option<CmId>,
+    /// What happened.
+    pub event: EventType,
+    /// 0, a negative errno, or a transport-specific positive reason.
+    pub status: i32,
+    /// Connection parameters (private data, resources) for connection events.
+    pub param: ConnParam,
+    /// Human-readable detail (address, device, reason), for errors.
+    pub reason: String,
+    acked: bool,
+}
+
+impl CmEvent {
+    pub(crate) fn new(id: CmId, event: EventType, status: i32) -> CmEvent {
+        CmEvent {
+            id,
+            listen_id: None,
+            event,
+            status,
+            param: ConnParam::default(),
+            reason: String::new(),
+            acked: false,
+        }
+    }
+
+    /// Acknowledges the event (`rdma_ack_cm_event`); `destroy` waits for this.
+    pub fn ack(mut self) {
+        self.do_ack();
+    }
+
+    fn do_ack(&mut self) {
+        if !self.acked {
+            self.acked = true;
+            self.id.inner().event_acked();
+        }
+    }
+}
+
+impl Drop for CmEvent {
+    fn drop(&mut self) {
+        self.do_ack();
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct ChannelInner {
+    fd: OwnedFd,
+    queue: Mutex<VecDeque<CmEvent>>,
+}
+
+/// An event channel (`rdma_event_channel`). Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct EventChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+impl PartialEq for EventChannel {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl EventChannel {
+    /// Creates a channel (`rdma_create_event_channel`).
+    pub fn new() -> Result<EventChannel> {
+        // SAFETY: plain eventfd creation; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::os(
+                "rdma_create_event_channel: eventfd",
+                &std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventChannel {
+            inner: Arc::new(ChannelInner {
+                fd,
+                queue: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    /// The fd to poll for readability.
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    pub(crate) fn push(&self, ev: CmEvent) {
+        let Ok(mut q) = self.inner.queue.lock() else { return };
+        tracing::debug!(event = %ev.event, status = ev.status, "cm event");
+        q.push_back(ev);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8) };
+    }
+
+    fn drain_fd(&self) {
+        let mut p = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes into a valid u64 from a readable eventfd.
+            unsafe { libc::read(self.fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+        }
+    }
+
+    fn pop_where(&self, pred: &dyn Fn(&CmEvent) -> bool) -> Option<CmEvent> {
+        let mut q = self.inner.queue.lock().ok()?;
+        let i = q.iter().position(pred)?;
+        let ev = q.remove(i);
+        if q.is_empty() {
+            self.drain_fd();
+        }
+        ev
+    }
+
+    /// Takes the next event (`rdma_get_cm_event`). `None` blocks; a zero timeout (or an fd set
+    /// O_NONBLOCK by the application) returns EAGAIN when nothing waits.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<CmEvent> {
+        self.get_matching(timeout, &|_| true)
+    }
+
+    pub(crate) fn get_matching(&self, timeout: Option<Duration>, pred: &dyn Fn(&CmEvent) -> bool) -> Result<CmEvent> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(ev) = self.pop_where(pred) {
+                return Ok(ev);
+            }
+            // SAFETY: F_GETFL on our own fd.
+            let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
+            let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+            let wait_ms = match deadline {
+                _ if nonblock => 0,
+                None => 100,
+                Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(100) as i32,
+            };
+            if wait_ms == 0 {
+                return Err(Error::new(Errno::Again, "rdma_get_cm_event: no event pending"));
+            }
+            let mut p = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, wait_ms) };
+        }
+    }
+
+    /// Moves this id's queued events to `to` (for `migrate_id`).
+    pub(crate) fn move_events(&self, id: &Arc<IdInner>, to: &EventChannel) {
+        while let Some(ev) = self.pop_where(&|e| Arc::ptr_eq(e.id.inner(), id)) {
+            to.push(ev);
+        }
+    }
+
+    /// Drops queued CONNECT_REQUESTs of `listener` (their ids are destroyed).
+    pub(crate) fn take_requests_of(&self, listener: &Arc<IdInner>) -> Vec<CmEvent> {
+        let mut out = Vec::new();
+        while let Some(ev) = self.pop_where(&|e| e.listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l.inner(), listener)))
+        {
+            out.push(ev);
+        }
+        out
+    }
+}

@@ -1,0 +1,826 @@
+//! `rdma_cm_id`: binding, resolution, listening, connecting, accepting, and teardown.
+
+use crate::addr::{self, Resolution};
+use crate::event::{CmEvent, EventChannel, EventType};
+use crate::options::{CmOption, Options};
+use crate::param::ConnParam;
+use crate::state::{CmState, PortSpace};
+use crate::MAX_PRIVATE_DATA;
+use socket2::{Domain, Protocol, Socket, Type};
+use softrdma_iwarp::{ConnEvent, ConnHandle, ConnRequest, ConnectParams, EventSink, Listener};
+use softrdma_verbs::device::{self, DeviceInfo};
+use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+use softrdma_verbs::{bail, Access, Context, Errno, Error, Pd, Qp, QpAttr, QpInitAttr, QpState, QpType, Result};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+/// Largest backlog (`net.rdma_ucm.max_backlog` default).
+pub const MAX_BACKLOG: u32 = 1024;
+
+struct IdState {
+    state: CmState,
+    channel: EventChannel,
+    sync: bool,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    device: Option<DeviceInfo>,
+    context: Option<Context>,
+    reserved: Option<Socket>,
+    listener: Option<Listener>,
+    request: Option<ConnRequest>,
+    conn: Option<ConnHandle>,
+    qp: Option<Qp>,
+    opts: Options,
+    unacked: u32,
+    disconnected: bool,
+}
+
+/// Shared state of an id.
+pub struct IdInner {
+    ps: PortSpace,
+    st: Mutex<IdState>,
+    acked: Condvar,
+}
+
+impl std::fmt::Debug for IdInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        write!(
+            f,
+            "CmId({:?}, {}, local {:?}, peer {:?})",
+            self.ps, st.state, st.local, st.peer
+        )
+    }
+}
+
+/// An RDMA CM identifier (`rdma_cm_id`). Cloning shares it; [`CmId::destroy`] releases it.
+#[derive(Debug, Clone)]
+pub struct CmId {
+    inner: Arc<IdInner>,
+}
+
+impl PartialEq for CmId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+fn sync_error(ev: &CmEvent) -> Error {
+    let errno = match ev.event {
+        EventType::Rejected => Errno::ConnRefused,
+        _ if ev.status < 0 => Errno::from_raw(-ev.status),
+        _ => Errno::Io,
+    };
+    let reason = if ev.reason.is_empty() {
+        format!("{} (status {})", ev.event, ev.status)
+    } else {
+        ev.reason.clone()
+    };
+    Error::new(errno, reason)
+}
+
+impl IdInner {
+    fn lock(&self) -> MutexGuard<'_, IdState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn event_acked(&self) {
+        let mut st = self.lock();
+        st.unacked = st.unacked.saturating_sub(1);
+        self.acked.notify_all();
+    }
+
+    fn post(
+        self: &Arc<Self>,
+        event: EventType,
+        status: i32,
+        param: ConnParam,
+        reason: String,
+        listen_id: Option<CmId>,
+    ) {
+        let ch = {
+            let mut st = self.lock();
+            st.unacked += 1;
+            st.channel.clone()
+        };
+        let mut ev = CmEvent::new(CmId { inner: self.clone() }, event, status);
+        ev.param = param;
+        ev.reason = reason;
+        ev.listen_id = listen_id;
+        ch.push(ev);
+    }
+
+    fn on_conn_event(self: &Arc<Self>, ev: ConnEvent) {
+        match ev {
+            ConnEvent::Established { private_data, ird, ord } => {
+                let param = ConnParam {
+                    private_data,
+                    responder_resources: ird.min(255) as u8,
+                    initiator_depth: ord.min(255) as u8,
+                    ..ConnParam::default()
+                };
+                self.post(EventType::Established, 0, param, String::new(), None);
+            }
+            ConnEvent::Rejected {
+                errno,
+                private_data,
+                reason,
+            } => {
+                self.lock().conn = None;
+                let param = ConnParam {
+                    private_data,
+                    ..ConnParam::default()
+                };
+                self.post(EventType::Rejected, -errno.raw(), param, reason, None);
+            }
+            ConnEvent::Unreachable { errno, reason } => {
+                self.lock().conn = None;
+                // A peer that never answers is reported as the kernel does: -ETIMEDOUT.
+                let status = match errno {
+                    Errno::HostUnreach | Errno::TimedOut => -libc::ETIMEDOUT,
+                    e => -e.raw(),
+                };
+                self.post(EventType::Unreachable, status, ConnParam::default(), reason, None);
+            }
+            ConnEvent::ConnectError { reason } => {
+                self.lock().conn = None;
+                self.post(
+                    EventType::ConnectError,
+                    -libc::EPROTO,
+                    ConnParam::default(),
+                    reason,
+                    None,
+                );
+            }
+            ConnEvent::Disconnected { reason } => {
+                {
+                    let mut st = self.lock();
+                    if st.disconnected || !matches!(st.state, CmState::Connect | CmState::Disconnect) {
+                        return;
+                    }
+                    st.disconnected = true;
+                    st.state = CmState::Disconnect;
+                }
+                self.post(EventType::Disconnected, 0, ConnParam::default(), reason, None);
+            }
+        }
+    }
+
+    fn sink(self: &Arc<Self>) -> EventSink {
+        let w = Arc::downgrade(self);
+        Arc::new(move |ev| {
+            if let Some(id) = w.upgrade() {
+                id.on_conn_event(ev);
+            }
+        })
+    }
+}
+
+/// Resolves 0xFF ("device maximum") and checks the limit.
+fn resources(v: u8, max: i32, what: &str) -> Result<u32> {
+    let max = max.max(1) as u32;
+    match v {
+        0xFF => Ok(max),
+        v if v as u32 > max => bail!(Inval, "{what} {v} exceeds the device limit {max}"),
+        v => Ok(v as u32),
+    }
+}
+
+fn check_pd(op: &str, pd: &[u8]) -> Result<()> {
+    if pd.len() > MAX_PRIVATE_DATA {
+        bail!(
+            Inval,
+            "{op}: private data of {} bytes exceeds the iWARP limit of {MAX_PRIVATE_DATA} bytes",
+            pd.len()
+        );
+    }
+    Ok(())
+}
+
+impl CmId {
+    /// Creates an id (`rdma_create_id`). Without a channel the id is synchronous: every
+    /// asynchronous call blocks until its event and returns its error.
+    pub fn create(channel: Option<&EventChannel>, ps: PortSpace) -> Result<CmId> {
+        match ps {
+            PortSpace::Tcp | PortSpace::Ib => {}
+            PortSpace::Udp => bail!(
+                OpNotSupp,
+                "rdma_create_id: RDMA_PS_UDP needs a RoCE device, which softrdma does not have yet"
+            ),
+            PortSpace::Ipoib => bail!(Inval, "rdma_create_id: RDMA_PS_IPOIB is not supported"),
+        }
+        let (ch, sync) = match channel {
+            Some(c) => (c.clone(), false),
+            None => (EventChannel::new()?, true),
+        };
+        Ok(CmId::with_channel(ps, ch, sync))
+    }
+
+    fn with_channel(ps: PortSpace, channel: EventChannel, sync: bool) -> CmId {
+        CmId {
+            inner: Arc::new(IdInner {
+                ps,
+                st: Mutex::new(IdState {
+                    state: CmState::Idle,
+                    channel,
+                    sync,
+                    local: None,
+                    peer: None,
+                    device: None,
+                    context: None,
+                    reserved: None,
+                    listener: None,
+                    request: None,
+                    conn: None,
+                    qp: None,
+                    opts: Options::default(),
+                    unacked: 0,
+                    disconnected: false,
+                }),
+                acked: Condvar::new(),
+            }),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<IdInner> {
+        &self.inner
+    }
+
+    fn lock(&self) -> MutexGuard<'_, IdState> {
+        self.inner.lock()
+    }
+
+    /// Port space.
+    pub fn port_space(&self) -> PortSpace {
+        self.inner.ps
+    }
+
+    /// Current state.
+    pub fn state(&self) -> CmState {
+        self.lock().state
+    }
+
+    /// Local address (`rdma_get_local_addr`), once bound or resolved.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let st = self.lock();
+        st.conn.as_ref().map(|c| c.local_addr()).or(st.local)
+    }
+
+    /// Peer address (`rdma_get_peer_addr`), once resolved or connected.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.lock().peer
+    }
+
+    /// Local port (`rdma_get_src_port`).
+    pub fn src_port(&self) -> u16 {
+        self.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// Peer port (`rdma_get_dst_port`).
+    pub fn dst_port(&self) -> u16 {
+        self.peer_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// The device the id is attached to (after bind to a specific address, resolve, or a request).
+    pub fn device(&self) -> Option<DeviceInfo> {
+        self.lock().device.clone()
+    }
+
+    /// The verbs context of the attached device (`id->verbs`).
+    pub fn context(&self) -> Option<Context> {
+        self.lock().context.clone()
+    }
+
+    /// The QP created with [`CmId::create_qp`].
+    pub fn qp(&self) -> Option<Qp> {
+        self.lock().qp.clone()
+    }
+
+    /// The channel events go to.
+    pub fn channel(&self) -> EventChannel {
+        self.lock().channel.clone()
+    }
+
+    /// Events delivered or queued but not yet acknowledged.
+    pub fn unacked_events(&self) -> u32 {
+        self.lock().unacked
+    }
+
+    fn attach(st: &mut IdState, dev: DeviceInfo) -> Result<()> {
+        st.context = Some(Context::open(&dev)?);
+        st.device = Some(dev);
+        Ok(())
+    }
+
+    /// Waits (sync ids only) for this id's next event among `want`; errors become `Err`.
+    fn wait_sync(&self, want: &[EventType]) -> Result<()> {
+        let (sync, ch) = {
+            let st = self.lock();
+            (st.sync, st.channel.clone())
+        };
+        if !sync {
+            return Ok(());
+        }
+        let me = self.inner.clone();
+        let ev = ch.get_matching(None, &|e| {
+            Arc::ptr_eq(e.id.inner(), &me) && (want.contains(&e.event) || e.status != 0)
+        })?;
+        if ev.status != 0 || !want.contains(&ev.event) {
+            return Err(sync_error(&ev));
+        }
+        Ok(())
+    }
+
+    /// Binds to a local address (`rdma_bind_addr`). Port 0 picks a free port. A loopback
+    /// address needs a loopback-capable device (R3); a specific address attaches its device.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        let mut st = self.lock();
+        if st.state != CmState::Idle {
+            bail!(
+                Inval,
+                "rdma_bind_addr {addr}: the id is in {}; only an IDLE id can bind",
+                st.state
+            );
+        }
+        let devs = device::list_devices()?;
+        let ifaces = device::list_interfaces()?;
+        let dev = addr::bind_device(&devs, &ifaces, addr)?;
+        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let sock = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+            .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
+        let _ = sock.set_cloexec(true);
+        sock.set_reuse_address(st.opts.reuse_addr)
+            .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
+        if addr.is_ipv6() {
+            let _ = sock.set_only_v6(st.opts.af_only.unwrap_or(false));
+        }
+        sock.bind(&addr.into())
+            .map_err(|e| Error::os(format!("rdma_bind_addr {addr}"), &e))?;
+        st.local = sock.local_addr().ok().and_then(|a| a.as_socket());
+        st.reserved = Some(sock);
+        if let Some(d) = dev {
+            Self::attach(&mut st, d)?;
+        }
+        st.state = CmState::AddrBound;
+        Ok(())
+    }
+
+    /// Resolves a destination (`rdma_resolve_addr`): ADDR_RESOLVED, or ADDR_ERROR, or an
+    /// immediate error (no route; loopback without a loopback-capable device, R5).
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, _timeout_ms: i32) -> Result<()> {
+        if let Some(s) = src {
+            if s.is_ipv4() != dst.is_ipv4() && !addr::is_wildcard(s.ip()) {
+                bail!(
+                    Inval,
+                    "rdma_resolve_addr: source {s} and destination {dst} are of different families"
+                );
+            }
+            if self.state() == CmState::Idle {
+                self.bind_addr(s)?;
+            }
+        }
+        let resolution = {
+            let st = self.lock();
+            if !matches!(st.state, CmState::Idle | CmState::AddrBound) {
+                bail!(Inval, "rdma_resolve_addr {dst}: the id is in {}", st.state);
+            }
+            let devs = device::list_devices()?;
+            addr::resolve(&devs, dst.ip(), st.local.map(|a| a.ip()), addr::route_source)?
+        };
+        match resolution {
+            Resolution::Resolved { device, src } => {
+                {
+                    let mut st = self.lock();
+                    let port = st.local.map(|a| a.port()).unwrap_or(0);
+                    st.local = Some(SocketAddr::new(src, port));
+                    st.peer = Some(dst);
+                    Self::attach(&mut st, device)?;
+                    st.state = CmState::AddrResolved;
+                }
+                self.inner
+                    .post(EventType::AddrResolved, 0, ConnParam::default(), String::new(), None);
+            }
+            Resolution::AddrError { status, reason } => {
+                tracing::warn!(%reason, "address resolution failed");
+                self.inner
+                    .post(EventType::AddrError, status, ConnParam::default(), reason, None);
+            }
+        }
+        self.wait_sync(&[EventType::AddrResolved])
+    }
+
+    /// Resolves the route (`rdma_resolve_route`): always ROUTE_RESOLVED once the address is (R7).
+    pub fn resolve_route(&self, timeout_ms: i32) -> Result<()> {
+        if timeout_ms <= 0 {
+            bail!(
+                Inval,
+                "rdma_resolve_route: timeout_ms must be positive (got {timeout_ms})"
+            );
+        }
+        {
+            let mut st = self.lock();
+            if st.state != CmState::AddrResolved {
+                bail!(
+                    Inval,
+                    "rdma_resolve_route: the id is in {}; resolve the address first",
+                    st.state
+                );
+            }
+            st.state = CmState::RouteResolved;
+        }
+        self.inner
+            .post(EventType::RouteResolved, 0, ConnParam::default(), String::new(), None);
+        self.wait_sync(&[EventType::RouteResolved])
+    }
+
+    /// Creates an RC QP on the id's device, moved to INIT (`rdma_create_qp`).
+    pub fn create_qp(&self, pd: &Pd, init: QpInitAttr) -> Result<Qp> {
+        let mut st = self.lock();
+        let Some(dev) = st.device.clone() else {
+            bail!(Inval, "rdma_create_qp: the id has no device yet (bind to an address, resolve, or take a connection request first)");
+        };
+        if pd.context().device().name != dev.name {
+            bail!(
+                Inval,
+                "rdma_create_qp: the PD belongs to {}, the id to {}",
+                pd.context().device().name,
+                dev.name
+            );
+        }
+        if st.qp.is_some() {
+            bail!(Inval, "rdma_create_qp: the id already has a QP");
+        }
+        if init.qp_type != QpType::Rc {
+            bail!(
+                Inval,
+                "rdma_create_qp: {:?} QPs need the RoCE device; iWARP ids take RC QPs",
+                init.qp_type
+            );
+        }
+        let qp = Qp::new(pd, init, AttrRules::Iwarp)?;
+        let attr = QpAttr {
+            qp_state: Some(QpState::Init),
+            qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            ..QpAttr::default()
+        };
+        qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS)?;
+        st.qp = Some(qp.clone());
+        Ok(qp)
+    }
+
+    /// Destroys the id's QP (`rdma_destroy_qp`).
+    pub fn destroy_qp(&self) -> Result<()> {
+        let qp = self.lock().qp.take();
+        match qp {
+            Some(q) => q.destroy(),
+            None => Ok(()),
+        }
+    }
+
+    fn connect_params(&self, st: &IdState, param: &ConnParam) -> Result<ConnectParams> {
+        let attr = st.device.as_ref().map(|d| d.attr());
+        let (max_ird, max_ord) = attr
+            .map(|a| (a.max_qp_rd_atom, a.max_qp_init_rd_atom))
+            .unwrap_or((16, 16));
+        Ok(ConnectParams {
+            private_data: param.private_data.clone(),
+            ird: resources(param.responder_resources, max_ird, "responder_resources")?,
+            ord: resources(param.initiator_depth, max_ord, "initiator_depth")?,
+            timeout: st.opts.connect_timeout,
+            tos: st.opts.tos,
+            ..ConnectParams::default()
+        })
+    }
+
+    /// Connects (`rdma_connect`): ESTABLISHED, REJECTED (-ECONNREFUSED), UNREACHABLE
+    /// (-ETIMEDOUT after the connect timeout) or CONNECT_ERROR.
+    pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        check_pd("rdma_connect", &param.private_data)?;
+        let (sock, qp, dst, params, src) = {
+            let mut st = self.lock();
+            if st.state != CmState::RouteResolved {
+                bail!(
+                    Inval,
+                    "rdma_connect: the id is in {}; resolve the address and route first",
+                    st.state
+                );
+            }
+            let Some(qp) = st.qp.clone() else {
+                bail!(
+                    Inval,
+                    "rdma_connect: iWARP connections need a QP on the id (rdma_create_qp first)"
+                );
+            };
+            let Some(dst) = st.peer else {
+                bail!(Inval, "rdma_connect: no destination")
+            };
+            let params = self.connect_params(&st, param)?;
+            let src = st.local.filter(|a| !addr::is_wildcard(a.ip()));
+            st.state = CmState::Connect;
+            st.disconnected = false;
+            (st.reserved.take(), qp, dst, params, src)
+        };
+        let sink = self.inner.sink();
+        let started = match sock {
+            Some(s) => softrdma_iwarp::connect_socket(s, &qp, dst, params, sink),
+            None => softrdma_iwarp::connect(
+                &qp,
+                dst,
+                ConnectParams {
+                    src: src.map(|a| SocketAddr::new(a.ip(), 0)),
+                    ..params
+                },
+                sink,
+            ),
+        };
+        match started {
+            Ok(h) => self.lock().conn = Some(h),
+            Err(e) => {
+                self.lock().state = CmState::RouteResolved;
+                return Err(e);
+            }
+        }
+        self.wait_sync(&[EventType::Established])
+    }
+
+    /// Listens (`rdma_listen`). An IDLE id binds 0.0.0.0 first. Backlog ≤ 0 means the maximum.
+    /// A listener on a loopback address admits only this host (R4); a remote request naming a
+    /// loopback address is rejected (R12).
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        if self.state() == CmState::Idle {
+            self.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))?;
+        }
+        let mut st = self.lock();
+        if st.state != CmState::AddrBound {
+            bail!(Inval, "rdma_listen: the id is in {}", st.state);
+        }
+        let backlog = if backlog <= 0 || backlog as u32 > MAX_BACKLOG {
+            MAX_BACKLOG
+        } else {
+            backlog as u32
+        };
+        let Some(sock) = st.reserved.take() else {
+            bail!(Inval, "rdma_listen: the id lost its bound socket")
+        };
+        let bound = st.local.map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let devs = device::list_devices()?;
+        let ifaces = device::list_interfaces()?;
+        let me = Arc::downgrade(&self.inner);
+        let ps = self.inner.ps;
+        let listener = Listener::from_socket(sock, backlog, move |req| {
+            on_request(&me, ps, bound, &devs, &ifaces, req)
+        })?;
+        st.local = Some(listener.local_addr());
+        st.listener = Some(listener);
+        st.state = CmState::Listen;
+        Ok(())
+    }
+
+    /// For synchronous listeners (`rdma_get_request`): waits for the next connection request.
+    pub fn get_request(&self, timeout: Option<Duration>) -> Result<CmId> {
+        let (sync, state, ch) = {
+            let st = self.lock();
+            (st.sync, st.state, st.channel.clone())
+        };
+        if !sync || state != CmState::Listen {
+            bail!(
+                Inval,
+                "rdma_get_request: only a synchronous, listening id takes requests"
+            );
+        }
+        let me = self.inner.clone();
+        let ev = ch.get_matching(timeout, &|e| {
+            e.event == EventType::ConnectRequest && e.listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l.inner(), &me))
+        })?;
+        let child = ev.id.clone();
+        child.lock().sync = true;
+        Ok(child)
+    }
+
+    /// Accepts a connection request on the new id (`rdma_accept`); the id needs a QP.
+    pub fn accept(&self, param: Option<&ConnParam>) -> Result<()> {
+        let default = ConnParam {
+            responder_resources: 0xFF,
+            initiator_depth: 0xFF,
+            ..ConnParam::default()
+        };
+        let param = param.unwrap_or(&default);
+        check_pd("rdma_accept", &param.private_data)?;
+        let (req, qp, params) = {
+            let mut st = self.lock();
+            if st.state != CmState::Connect || st.request.is_none() {
+                bail!(
+                    Inval,
+                    "rdma_accept: the id is in {} and holds no connection request",
+                    st.state
+                );
+            }
+            let Some(qp) = st.qp.clone() else {
+                bail!(
+                    Inval,
+                    "rdma_accept: iWARP connections need a QP on the id (rdma_create_qp first)"
+                );
+            };
+            let params = self.connect_params(&st, param)?;
+            (st.request.take(), qp, params)
+        };
+        let Some(req) = req else {
+            bail!(Inval, "rdma_accept: no request")
+        };
+        let handle = req.accept(&qp, params, self.inner.sink())?;
+        self.lock().conn = Some(handle);
+        self.wait_sync(&[EventType::Established])
+    }
+
+    /// Rejects a connection request with private data (`rdma_reject`): the peer sees REJECTED.
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        check_pd("rdma_reject", private_data)?;
+        let req = {
+            let mut st = self.lock();
+            let Some(req) = st.request.take() else {
+                bail!(
+                    Inval,
+                    "rdma_reject: the id is in {} and holds no connection request",
+                    st.state
+                );
+            };
+            st.state = CmState::Disconnect;
+            req
+        };
+        req.reject(private_data)
+    }
+
+    /// Disconnects (`rdma_disconnect`): the QP moves to ERR, both sides get DISCONNECTED.
+    pub fn disconnect(&self) -> Result<()> {
+        let conn = {
+            let st = self.lock();
+            if st.state != CmState::Connect {
+                bail!(Inval, "rdma_disconnect: the id is in {}, not connected", st.state);
+            }
+            st.conn.clone()
+        };
+        let Some(conn) = conn else {
+            bail!(Inval, "rdma_disconnect: the id has no connection")
+        };
+        conn.disconnect();
+        self.wait_sync(&[EventType::Disconnected])
+    }
+
+    /// Sets an option (`rdma_set_option`).
+    pub fn set_option(&self, opt: CmOption) -> Result<()> {
+        let mut st = self.lock();
+        match opt {
+            CmOption::Tos(t) => st.opts.tos = Some(t),
+            CmOption::ReuseAddr(r) => {
+                if !((r && st.state != CmState::Listen) || st.state == CmState::Idle) {
+                    bail!(Inval, "RDMA_OPTION_ID_REUSEADDR: not allowed in state {}", st.state);
+                }
+                st.opts.reuse_addr = r;
+                if let Some(s) = &st.reserved {
+                    let _ = s.set_reuse_address(r);
+                }
+            }
+            CmOption::AfOnly(a) => {
+                if !matches!(st.state, CmState::Idle | CmState::AddrBound) {
+                    bail!(Inval, "RDMA_OPTION_ID_AFONLY: not allowed in state {}", st.state);
+                }
+                st.opts.af_only = Some(a);
+            }
+            CmOption::AckTimeout(t) => {
+                if matches!(st.state, CmState::Connect | CmState::Listen) {
+                    bail!(Inval, "RDMA_OPTION_ID_ACK_TIMEOUT: set it before connect or accept");
+                }
+                st.opts.ack_timeout = Some(t.min(31));
+            }
+            CmOption::ConnectTimeout(d) => st.opts.connect_timeout = d.max(Duration::from_millis(1)),
+            CmOption::ResolveTimeout(d) => st.opts.resolve_timeout = Some(d),
+        }
+        Ok(())
+    }
+
+    /// Current options.
+    pub fn options(&self) -> Options {
+        self.lock().opts
+    }
+
+    /// Moves the id to another channel, or to synchronous mode with `None` (`rdma_migrate_id`).
+    /// Queued events move with it.
+    pub fn migrate(&self, to: Option<&EventChannel>) -> Result<()> {
+        let mut st = self.lock();
+        let target = match to {
+            Some(c) => c.clone(),
+            None if st.sync => bail!(Inval, "rdma_migrate_id: the id is already synchronous"),
+            None => EventChannel::new()?,
+        };
+        let old = std::mem::replace(&mut st.channel, target.clone());
+        st.sync = to.is_none();
+        drop(st);
+        old.move_events(&self.inner, &target);
+        Ok(())
+    }
+
+    /// Destroys the id (`rdma_destroy_id`): closes what it holds, drops its queued events
+    /// (for a listener: its undelivered requests, which are rejected), and waits until every
+    /// event already taken from the channel is acknowledged.
+    pub fn destroy(self) -> Result<()> {
+        let (ch, listener, request, conn, qp) = {
+            let mut st = self.lock();
+            st.state = CmState::Destroying;
+            (
+                st.channel.clone(),
+                st.listener.take(),
+                st.request.take(),
+                st.conn.take(),
+                st.qp.take(),
+            )
+        };
+        drop(listener);
+        drop(request);
+        if let Some(c) = conn {
+            c.disconnect();
+        }
+        drop(qp);
+        self.lock().reserved = None;
+        for ev in ch.take_requests_of(&self.inner) {
+            let child = ev.id.clone();
+            drop(ev);
+            let req = child.lock().request.take();
+            drop(req);
+        }
+        ch.move_events(&self.inner, &EventChannel::new()?);
+        let mut st = self.lock();
+        while st.unacked > 0 {
+            let (g, to) = self
+                .inner
+                .acked
+                .wait_timeout(st, Duration::from_secs(10))
+                .unwrap_or_else(|p| p.into_inner());
+            st = g;
+            if to.timed_out() && st.unacked > 0 {
+                tracing::warn!(
+                    unacked = st.unacked,
+                    "rdma_destroy_id waits for events to be acknowledged"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A connection request reached a listener (progress thread).
+fn on_request(
+    listener: &Weak<IdInner>,
+    ps: PortSpace,
+    bound: IpAddr,
+    devs: &[DeviceInfo],
+    ifaces: &[device::NetIf],
+    req: ConnRequest,
+) {
+    let Some(l) = listener.upgrade() else { return };
+    let (local, peer) = (req.local_addr, req.peer_addr);
+    let peer_local = addr::is_local(devs, ifaces, peer.ip());
+    if let Err(why) = addr::admit(bound, local.ip(), peer.ip(), peer_local) {
+        tracing::warn!(%local, %peer, %why, "connection request rejected");
+        let mut pd = why.into_bytes();
+        pd.truncate(MAX_PRIVATE_DATA);
+        let _ = req.reject(&pd);
+        return;
+    }
+    let local_ip = addr::canonical(local.ip());
+    let dev = if addr::is_loopback(local_ip) {
+        addr::loopback_device(devs).ok()
+    } else {
+        addr::owner(devs, local_ip)
+    };
+    let Some(dev) = dev else {
+        tracing::warn!(%local, %peer, "connection request on an address no RDMA device serves: rejected");
+        let _ = req.reject(b"no RDMA device serves this address");
+        return;
+    };
+    let channel = l.lock().channel.clone();
+    let child = CmId::with_channel(ps, channel, false);
+    let param = ConnParam {
+        private_data: req.private_data.clone(),
+        responder_resources: req.ord.min(255) as u8,
+        initiator_depth: req.ird.min(255) as u8,
+        ..ConnParam::default()
+    };
+    {
+        let mut st = child.lock();
+        st.state = CmState::Connect;
+        st.local = Some(local);
+        st.peer = Some(peer);
+        if CmId::attach(&mut st, dev).is_err() {
+            return;
+        }
+        st.request = Some(req);
+    }
+    child.inner.post(
+        EventType::ConnectRequest,
+        0,
+        param,
+        String::new(),
+        Some(CmId { inner: l }),
+    );
+}
