@@ -5,7 +5,7 @@ use crate::param::ConnParam;
 use softrdma_verbs::{Errno, Error, Result};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Event types (`enum rdma_cm_event_type`, same numbering).
@@ -130,6 +130,7 @@ impl Drop for CmEvent {
 pub(crate) struct ChannelInner {
     fd: OwnedFd,
     queue: Mutex<VecDeque<CmEvent>>,
+    arrived: Condvar,
 }
 
 /// An event channel (`rdma_event_channel`). Cloning shares it.
@@ -161,6 +162,7 @@ impl EventChannel {
             inner: Arc::new(ChannelInner {
                 fd,
                 queue: Mutex::new(VecDeque::new()),
+                arrived: Condvar::new(),
             }),
         })
     }
@@ -174,6 +176,7 @@ impl EventChannel {
         let Ok(mut q) = self.inner.queue.lock() else { return };
         tracing::debug!(event = %ev.event, status = ev.status, "cm event");
         q.push_back(ev);
+        self.inner.arrived.notify_all();
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
         unsafe { libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8) };
@@ -195,6 +198,10 @@ impl EventChannel {
 
     fn pop_where(&self, pred: &dyn Fn(&CmEvent) -> bool) -> Option<CmEvent> {
         let mut q = self.inner.queue.lock().ok()?;
+        self.pop_locked(&mut q, pred)
+    }
+
+    fn pop_locked(&self, q: &mut VecDeque<CmEvent>, pred: &dyn Fn(&CmEvent) -> bool) -> Option<CmEvent> {
         let i = q.iter().position(pred)?;
         let ev = q.remove(i);
         if q.is_empty() {
@@ -211,29 +218,46 @@ impl EventChannel {
 
     pub(crate) fn get_matching(&self, timeout: Option<Duration>, pred: &dyn Fn(&CmEvent) -> bool) -> Result<CmEvent> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let mut q = self
+            .inner
+            .queue
+            .lock()
+            .map_err(|_| Error::new(Errno::Io, "rdma_get_cm_event: channel poisoned"))?;
         loop {
-            if let Some(ev) = self.pop_where(pred) {
+            if let Some(ev) = self.pop_locked(&mut q, pred) {
                 return Ok(ev);
             }
             // SAFETY: F_GETFL on our own fd.
             let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
             let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
-            let wait_ms = match deadline {
-                _ if nonblock => 0,
-                None => 100,
-                Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(100) as i32,
+            let wait = match deadline {
+                _ if nonblock => Duration::ZERO,
+                None => Duration::from_secs(1),
+                Some(d) => d.saturating_duration_since(Instant::now()),
             };
-            if wait_ms == 0 {
+            if wait.is_zero() {
                 return Err(Error::new(Errno::Again, "rdma_get_cm_event: no event pending"));
             }
-            let mut p = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            q = match self.inner.arrived.wait_timeout(q, wait.min(Duration::from_secs(1))) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
             };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut p, 1, wait_ms) };
         }
+    }
+
+    /// Moves the events of `id` (and, for a listener, its connection requests) to `to`;
+    /// returns how many moved.
+    pub(crate) fn move_all_of(&self, id: &Arc<IdInner>, to: &EventChannel) -> u32 {
+        let mut n = 0;
+        while let Some(ev) = self.pop_where(&|e| {
+            Arc::ptr_eq(e.id.inner(), id) || e.listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l.inner(), id))
+        }) {
+            if Arc::ptr_eq(ev.id.inner(), id) {
+                n += 1;
+            }
+            to.push(ev);
+        }
+        n
     }
 
     /// Moves this id's queued events to `to` (for `migrate_id`).

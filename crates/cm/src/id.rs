@@ -34,6 +34,7 @@ struct IdState {
     opts: Options,
     unacked: u32,
     disconnected: bool,
+    req_param: Option<ConnParam>,
 }
 
 /// Shared state of an id.
@@ -101,6 +102,10 @@ impl IdInner {
     ) {
         let ch = {
             let mut st = self.lock();
+            if st.state == CmState::Destroying {
+                // Nobody can take it any more; destroy must not wait for it.
+                return;
+            }
             st.unacked += 1;
             st.channel.clone()
         };
@@ -237,6 +242,7 @@ impl CmId {
                     opts: Options::default(),
                     unacked: 0,
                     disconnected: false,
+                    req_param: None,
                 }),
                 acked: Condvar::new(),
             }),
@@ -297,6 +303,11 @@ impl CmId {
         self.lock().qp.clone()
     }
 
+    /// The parameters (private data, resources) of the connection request this id came from.
+    pub fn request_param(&self) -> Option<ConnParam> {
+        self.lock().req_param.clone()
+    }
+
     /// The channel events go to.
     pub fn channel(&self) -> EventChannel {
         self.lock().channel.clone()
@@ -343,7 +354,7 @@ impl CmId {
                 st.state
             );
         }
-        let devs = device::list_devices()?;
+        let devs = crate::devices::cached()?;
         let ifaces = device::list_interfaces()?;
         let dev = addr::bind_device(&devs, &ifaces, addr)?;
         let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
@@ -385,7 +396,7 @@ impl CmId {
             if !matches!(st.state, CmState::Idle | CmState::AddrBound) {
                 bail!(Inval, "rdma_resolve_addr {dst}: the id is in {}", st.state);
             }
-            let devs = device::list_devices()?;
+            let devs = crate::devices::cached()?;
             addr::resolve(&devs, dst.ip(), st.local.map(|a| a.ip()), addr::route_source)?
         };
         match resolution {
@@ -564,7 +575,7 @@ impl CmId {
             bail!(Inval, "rdma_listen: the id lost its bound socket")
         };
         let bound = st.local.map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let devs = device::list_devices()?;
+        let devs = crate::devices::cached()?;
         let ifaces = device::list_interfaces()?;
         let me = Arc::downgrade(&self.inner);
         let ps = self.inner.ps;
@@ -716,7 +727,15 @@ impl CmId {
         let old = std::mem::replace(&mut st.channel, target.clone());
         st.sync = to.is_none();
         drop(st);
-        old.move_events(&self.inner, &target);
+        let moved = old.move_all_of(&self.inner, &target);
+        // Like librdmacm: wait until the events already taken from the old channel are acked.
+        let mut st = self.lock();
+        while st.unacked > moved {
+            st = match self.inner.acked.wait_timeout(st, Duration::from_secs(1)) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
         Ok(())
     }
 
@@ -815,6 +834,11 @@ fn on_request(
             return;
         }
         st.request = Some(req);
+        st.req_param = Some(param.clone());
+    }
+    if l.lock().state != CmState::Listen {
+        // The listener is being destroyed: the request's id goes with it (its drop rejects).
+        return;
     }
     child.inner.post(
         EventType::ConnectRequest,

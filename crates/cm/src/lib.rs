@@ -6,6 +6,7 @@
 //! - [`addr`]: what an address means and which device serves it (R1–R6, R11, R12).
 
 pub mod addr;
+mod devices;
 mod event;
 mod id;
 mod options;

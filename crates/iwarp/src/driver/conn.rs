@@ -288,6 +288,23 @@ impl TcpConn {
             return self.close(st, Some(ev));
         }
         if ev.writable {
+            let me = st
+                .sock
+                .as_ref()
+                .and_then(|s| s.local_addr().ok())
+                .and_then(|a| a.as_socket());
+            if me == Some(peer) {
+                // TCP simultaneous-open onto our own port: nothing listens there.
+                let reason = format!("connect to {peer}: connection refused (nothing listens on that port; the connection looped back onto its own socket)");
+                return self.close(
+                    st,
+                    Some(ConnEvent::Rejected {
+                        errno: Errno::ConnRefused,
+                        private_data: Vec::new(),
+                        reason,
+                    }),
+                );
+            }
             match handshake::build_request(&params) {
                 Ok(req) => st.out = req,
                 Err(e) => return self.close(st, Some(ConnEvent::ConnectError { reason: e.msg })),
@@ -532,7 +549,12 @@ impl Source for TcpConn {
         match st.phase {
             Phase::Connecting { .. } => self.on_connecting(&mut st, ev),
             Phase::AwaitReply { .. } => self.on_await_reply(&mut st, ev),
-            Phase::AwaitRequest { .. } => super::listen::on_await_request(self, &mut st, ev),
+            Phase::AwaitRequest { .. } => {
+                if let Some(d) = super::listen::on_await_request(self, &mut st, ev) {
+                    drop(st);
+                    super::listen::deliver(d);
+                }
+            }
             Phase::AwaitAccept { .. } => {
                 if ev.error {
                     self.close(&mut st, None);

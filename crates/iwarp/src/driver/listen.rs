@@ -83,9 +83,18 @@ impl ListenShared {
 }
 
 /// Called on the progress thread while a passive connection waits for the MPA Request.
-pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) {
+/// A request ready for its listener's callback, delivered once the connection lock is released
+/// (the callback may reject or drop the request, which takes that lock).
+pub(crate) type Delivery = (Arc<ListenShared>, ConnRequest);
+
+/// Delivers a request to its listener (call without holding the connection's lock).
+pub(crate) fn deliver((l, req): Delivery) {
+    (l.on_request)(req);
+}
+
+pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) -> Option<Delivery> {
     let Phase::AwaitRequest { deadline, listener } = &st.phase else {
-        return;
+        return None;
     };
     let (deadline, listener) = (*deadline, listener.clone());
     let mut buf = [0u8; 4096];
@@ -111,11 +120,13 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) {
         Ok(Some((frame, used))) => {
             st.inbuf.drain(..used);
             let Some(l) = listener.upgrade() else {
-                return reject_now(conn, st, frame.revision, "the listener was closed");
+                reject_now(conn, st, frame.revision, "the listener was closed");
+                return None;
             };
             if l.pending.load(Ordering::Acquire) >= l.backlog {
                 tracing::warn!(listener = %l.local, peer = %conn.peer, backlog = l.backlog, "backlog full: rejecting connection request");
-                return reject_now(conn, st, frame.revision, "backlog full");
+                reject_now(conn, st, frame.revision, "backlog full");
+                return None;
             }
             l.pending.fetch_add(1, Ordering::AcqRel);
             let req = ConnRequest {
@@ -139,7 +150,7 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) {
                     },
                 );
             }
-            (l.on_request)(req);
+            return Some((l, req));
         }
         Ok(None) if eof || ev.error => conn.close(st, None),
         Ok(None) => {
@@ -153,6 +164,7 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) {
             conn.close(st, None);
         }
     }
+    None
 }
 
 fn conn_reactor() -> &'static Arc<Reactor> {
