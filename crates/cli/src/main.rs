@@ -4,8 +4,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cmatose;
 mod devices;
 mod perf;
+mod rping;
 
 /// Errors a subcommand reports; `main` prints them as `softrdma: <message>` and exits 1.
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -24,6 +26,10 @@ enum Command {
     Devices(devices::DevicesArgs),
     /// Bandwidth and latency tests (perftest-style): server without ADDR, client with it.
     Perf(perf::PerfArgs),
+    /// RDMA CM connection and ping-pong test (rdma-core's ucmatose): server without -s.
+    Cmatose(cmatose::CmatoseArgs),
+    /// RDMA CM ping-pong with SEND, RDMA READ and RDMA WRITE (rdma-core's rping).
+    Rping(rping::RpingArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +38,8 @@ fn main() -> ExitCode {
     let result: CmdResult = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::Perf(args) => perf::run(&args),
+        Command::Cmatose(args) => return cmatose::run(&args),
+        Command::Rping(args) => return rping::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

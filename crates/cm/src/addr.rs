@@ -184,15 +184,15 @@ pub fn route_source(dst: IpAddr) -> Result<IpAddr> {
 /// to `bound`? `peer_is_local` says whether the peer address belongs to this host.
 pub fn admit(bound: IpAddr, local: IpAddr, peer: IpAddr, peer_is_local: bool) -> std::result::Result<(), String> {
     let (bound, local, peer) = (canonical(bound), canonical(local), canonical(peer));
+    if is_loopback(bound) && !peer_is_local {
+        return Err(format!(
+            "listener on {bound} accepts only connections from this host; {peer} is remote"
+        ));
+    }
     if (is_loopback(local) || is_loopback(peer)) && !peer_is_local {
         return Err(format!(
             "request from remote host {peer} names loopback address {}: rejected (a loopback address means the sender's own host)",
             if is_loopback(local) { local } else { peer }
-        ));
-    }
-    if is_loopback(bound) && !peer_is_local {
-        return Err(format!(
-            "listener on {bound} accepts only connections from this host; {peer} is remote"
         ));
     }
     Ok(())

@@ -306,5 +306,13 @@ impl Reactor {
     }
 }
 
+/// Bytes a TCP socket has sent but the peer has not acknowledged (`SIOCOUTQ`).
+pub fn socket_unacked(fd: RawFd) -> Option<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int into `n`; a bad fd only makes the ioctl fail.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    (r == 0 && n >= 0).then_some(n as u64)
+}
+
 /// A short sleep used by blocking helpers that poll.
 pub const POLL_SLICE: Duration = Duration::from_micros(200);

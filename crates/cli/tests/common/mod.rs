@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end CLI tests: child processes that are always reaped, bounded waits.
 #![allow(dead_code)]
 
+pub mod lan;
 pub mod netns;
 
 use std::io::{BufRead, BufReader, Read};

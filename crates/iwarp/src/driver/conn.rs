@@ -457,6 +457,7 @@ impl TcpConn {
         let Phase::Established { engine } = phase else { return };
         let Some(sock) = sock.as_ref() else { return };
         let mut closed: Option<String> = None;
+        let mut clean_eof = false;
         // Handshake bytes (the MPA Reply) go first.
         while !out.is_empty() {
             match (&*sock).write(out) {
@@ -478,6 +479,7 @@ impl TcpConn {
                 match (&*sock).read(space) {
                     Ok(0) => {
                         closed = Some("the peer closed the connection".into());
+                        clean_eof = true;
                         break;
                     }
                     Ok(n) => {
@@ -526,7 +528,15 @@ impl TcpConn {
         }
         let engine_done = engine.phase() != EnginePhase::Running && !engine.wants_tx();
         if let Some(reason) = closed {
-            engine.peer_closed(&reason);
+            let unacked = if clean_eof {
+                softrdma_verbs::progress::socket_unacked(self.fd)
+            } else {
+                None
+            };
+            match unacked {
+                Some(u) => engine.peer_closed_cleanly(engine.tx_written().saturating_sub(u), &reason),
+                None => engine.peer_closed(&reason),
+            }
             let why = engine.close_reason.clone().unwrap_or(reason);
             tracing::debug!(peer = %self.peer, %why, "iWARP connection closed");
             return self.close(st, Some(ConnEvent::Disconnected { reason: why }));

@@ -40,6 +40,8 @@ pub struct Entry {
     pub done: bool,
     /// Completion opcode.
     pub op: WcOpcode,
+    /// Stream offset just past the message's last byte, once it was all produced.
+    pub end: u64,
 }
 
 impl Entry {
@@ -92,8 +94,26 @@ impl Inflight {
             signaled,
             done: false,
             op,
+            end: u64::MAX,
         });
         seq
+    }
+
+    /// Records where message `seq` ended in the stream.
+    pub fn set_end(&mut self, seq: u64, end: u64) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.seq == seq) {
+            e.end = end;
+        }
+    }
+
+    /// The peer closed cleanly having acknowledged `acked` stream bytes: SENDs and WRITEs
+    /// that ended within them were placed.
+    pub fn confirm_sent_within(&mut self, acked: u64) {
+        for e in self.entries.iter_mut() {
+            if matches!(e.kind, Kind::Send { .. } | Kind::Write { .. }) && e.end <= acked {
+                e.done = true;
+            }
+        }
     }
 
     /// True if a fence READ would confirm signaled work.
@@ -163,10 +183,17 @@ impl Inflight {
             }
             let st = if Some(e.seq) == seq {
                 status
+            } else if e.done {
+                WcStatus::Success
             } else {
                 WcStatus::WrFlushErr
             };
             let mut wc = WorkCompletion::new(e.wr_id, st, e.opcode(), qp.qpn);
+            if st == WcStatus::Success {
+                wc.byte_len = e.byte_len;
+                qp.complete_send(wc, e.signaled);
+                continue;
+            }
             if st != WcStatus::WrFlushErr {
                 wc.vendor_err = vendor_err;
             }

@@ -79,6 +79,8 @@ pub(crate) struct TxMsg {
     payload: Payload,
     total: usize,
     sent: usize,
+    /// The in-flight entry this message completes (none for Read Responses).
+    seq: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +152,8 @@ pub struct Engine {
     // transmit
     tx: Vec<u8>,
     tx_off: usize,
+    /// Stream offset of `tx[0]` (bytes handed to the socket before it).
+    tx_base: u64,
     tx_enabled: bool,
     rtr_pending: bool,
     cur: Option<TxMsg>,
@@ -181,6 +185,7 @@ impl Engine {
             phase: Phase::Running,
             tx: Vec::with_capacity(TX_HIGH_WATER + 2 * MAX_SEGMENT_PAYLOAD),
             tx_off: 0,
+            tx_base: 0,
             // The responder sends nothing before the initiator's first FPDU (RFC 5044 §7.1.5);
             // in peer-to-peer mode that FPDU is the RTR, sent at once.
             tx_enabled: cfg.initiator,
@@ -225,6 +230,23 @@ impl Engine {
             return;
         }
         self.fail_all(None, softrdma_verbs::WcStatus::WrFlushErr, 0, reason.to_string());
+    }
+
+    /// The peer closed the stream cleanly (FIN, no RST, no Terminate) after acknowledging
+    /// `acked` bytes of it. A clean close means the peer's socket held no unread data, so
+    /// every SEND and WRITE that ended within those bytes was placed: they complete
+    /// successfully; everything else flushes.
+    pub fn peer_closed_cleanly(&mut self, acked: u64, reason: &str) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        self.inflight.confirm_sent_within(acked);
+        self.fail_all(None, softrdma_verbs::WcStatus::WrFlushErr, 0, reason.to_string());
+    }
+
+    /// Bytes handed to the socket so far (a stream offset).
+    pub fn tx_written(&self) -> u64 {
+        self.tx_base + self.tx_off as u64
     }
 
     /// The TCP stream ended or broke: flush everything with WR_FLUSH_ERR.

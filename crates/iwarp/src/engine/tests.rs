@@ -473,3 +473,24 @@ fn posting_in_wrong_state_is_einval() {
         .collect();
     assert_eq!(got, vec![(0, WcStatus::WrFlushErr), (5, WcStatus::WrFlushErr)]);
 }
+
+#[test]
+fn clean_close_completes_what_the_peer_acknowledged() {
+    let (mut a, mut b) = pair();
+    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv_one(1, dst.sge(0, 16)).unwrap();
+    b.qp.post_recv_one(2, dst.sge(16, 16)).unwrap();
+    // The RTR exchange first, so the SENDs below stand alone in the stream.
+    pump(&mut a, &mut b);
+    a.qp.post_send(&[SendWr::send(10, vec![src.sge(0, 16)])]).unwrap();
+    transfer(&mut a, &mut b);
+    let acked = a.engine.tx_written();
+    a.qp.post_send(&[SendWr::send(11, vec![src.sge(0, 16)])]).unwrap();
+    a.engine.fill_tx();
+    // The peer read SEND 10 (acknowledged), then closed; SEND 11 never arrived.
+    a.engine.peer_closed_cleanly(acked, "peer closed");
+    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(s, vec![(10, WcStatus::Success), (11, WcStatus::WrFlushErr)]);
+    assert_eq!(polls(&b.cq).len(), 1);
+}

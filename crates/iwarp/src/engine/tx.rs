@@ -19,6 +19,7 @@ impl Engine {
     pub fn tx_consumed(&mut self, n: usize) {
         self.tx_off = (self.tx_off + n).min(self.tx.len());
         if self.tx_off == self.tx.len() {
+            self.tx_base += self.tx.len() as u64;
             self.tx.clear();
             self.tx_off = 0;
         }
@@ -220,13 +221,14 @@ impl Engine {
                 );
             }
         };
-        self.inflight.push(kind, wqe.wr.wr_id, total as u32, wqe.signaled);
+        let seq = self.inflight.push(kind, wqe.wr.wr_id, total as u32, wqe.signaled);
         self.unconfirmed_bytes += total as u64;
         self.cur = Some(TxMsg {
             header,
             payload,
             total,
             sent: 0,
+            seq: Some(seq),
         });
         self.continue_message();
     }
@@ -281,6 +283,7 @@ impl Engine {
             payload,
             total: rr.len,
             sent: 0,
+            seq: None,
         });
         self.continue_message();
     }
@@ -312,6 +315,9 @@ impl Engine {
         msg.sent += chunk;
         if !last {
             self.cur = Some(msg);
+        } else if let Some(seq) = msg.seq {
+            let end = self.tx_base + self.tx.len() as u64;
+            self.inflight.set_end(seq, end);
         }
     }
 }
