@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# The loopback demo: list the devices, then run every `softrdma perf` test between two
-# processes on 127.0.0.1 (server and client), with data verification.
+# The loopback demo: the devices, an RDMA CM session on 127.0.0.1 showing every CM event
+# (cmatose), rping (SEND + RDMA READ + RDMA WRITE), then a short bandwidth/latency table
+# (softrdma perf). Server and client are separate processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p softrdma-cli
 bin=target/release/softrdma
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
 echo "== softrdma devices"
 "$bin" devices
+
+echo; echo "== softrdma cmatose -b 127.0.0.1 (server) / -s 127.0.0.1 (client), CM events shown"
+port=$(free_port)
+"$bin" cmatose -b 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  server| /' & pids+=($!)
+sleep 0.3
+"$bin" cmatose -s 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  client| /'
+wait "${pids[-1]}"
+
+echo; echo "== softrdma rping -s / -c -a 127.0.0.1 -C 3 -V -v"
+port=$(free_port)
+"$bin" rping -s -a 127.0.0.1 -p "$port" -V & pids+=($!)
+sleep 0.3
+"$bin" rping -c -a 127.0.0.1 -p "$port" -C 3 -V -v
+wait "${pids[-1]}"
+
+echo; echo "== softrdma perf (two processes on 127.0.0.1, data verified)"
 for t in send-bw write-bw read-bw send-lat write-lat read-lat; do
   log=$(mktemp)
-  "$bin" perf "$t" -b 127.0.0.1 -p 0 2>"$log" &
-  server=$!
-  trap 'kill $server 2>/dev/null || true; rm -f "$log"' EXIT
+  "$bin" perf "$t" -b 127.0.0.1 -p 0 2>"$log" & pids+=($!)
   for _ in $(seq 100); do grep -q 'listening on' "$log" && break; sleep 0.05; done
   port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$log")
-  echo
-  echo "== softrdma perf $t 127.0.0.1 -p $port"
-  timeout 120 "$bin" perf "$t" 127.0.0.1 -p "$port" -s 1,4096,1048576 -n 300
-  wait "$server"
+  echo "-- $t"
+  timeout 120 "$bin" perf "$t" 127.0.0.1 -p "$port" -s 64,4096,1048576 -n 300 | grep -v '^#'
+  wait "${pids[-1]}"
   rm -f "$log"
-  trap - EXIT
 done

@@ -50,6 +50,26 @@ pub struct CmatoseArgs {
     /// Bound on connection setup of each client id (RDMA CM connect timeout), in milliseconds.
     #[arg(long = "timeout-ms")]
     pub timeout_ms: Option<u64>,
+    /// Print every RDMA CM event as it arrives.
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
+}
+
+/// Set by `-v`: print each CM event.
+static VERBOSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Prints `ev` when `-v` was given.
+pub(crate) fn trace_event(ev: &softrdma_cm::CmEvent) {
+    if VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
+        let show = |a: Option<SocketAddr>| a.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "cmatose: {} (status {}) {} -> {}",
+            ev.event,
+            ev.status,
+            show(ev.id.local_addr()),
+            show(ev.id.peer_addr())
+        );
+    }
 }
 
 /// Most bytes of message buffers the test allocates (both directions, all connections).
@@ -145,6 +165,7 @@ impl Messages {
 
 /// Runs the subcommand; prints ucmatose's closing lines and, on failure, the reason.
 pub fn run(args: &CmatoseArgs) -> ExitCode {
+    VERBOSE.store(args.verbose, std::sync::atomic::Ordering::Relaxed);
     let result = check(args).and_then(|msgs| match &args.server {
         Some(server) => client::run(args, server, msgs),
         None => server::run(args, msgs),
@@ -210,6 +231,7 @@ pub(crate) fn next_event(
 ) -> Result<softrdma_cm::CmEvent, Failure> {
     channel
         .get_event(Some(limit.max(Duration::from_millis(1))))
+        .inspect(trace_event)
         .map_err(|e| match e.errno {
             softrdma_verbs::Errno::Again => Failure {
                 reason: format!("{}: no RDMA CM event within {limit:?}", what()),

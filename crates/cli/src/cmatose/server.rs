@@ -63,6 +63,7 @@ impl Server {
                 .channel
                 .get_event(None)
                 .map_err(|e| Failure::verbs("failure in rdma_get_cm_event in connect events", &e))?;
+            super::trace_event(&ev);
             self.handle(ev)?;
         }
         self.connected_phase = true;
