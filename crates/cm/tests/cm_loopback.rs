@@ -1463,3 +1463,74 @@ fn r8_connect_to_own_bound_port_is_rejected() {
         got.2
     );
 }
+
+/// Listens on `bind`, connects a client to `dst`, and returns the listener's event (a
+/// CONNECT_REQUEST, or the client's REJECTED when the listener never sees one).
+fn try_reach(bind: SocketAddr, dst_ip: IpAddr, af_only: Option<bool>) -> Result<SocketAddr, i32> {
+    let sch = EventChannel::new().unwrap();
+    let listener = new_id(Some(&sch));
+    if let Some(a) = af_only {
+        listener.set_option(CmOption::AfOnly(a)).unwrap();
+    }
+    listener.bind_addr(bind).unwrap();
+    listener.listen(8).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cch = EventChannel::new().unwrap();
+    let client = new_id(Some(&cch));
+    client.resolve_addr(None, SocketAddr::new(dst_ip, port), 2000).unwrap();
+    expect(&cch, EventType::AddrResolved).ack();
+    client.resolve_route(2000).unwrap();
+    expect(&cch, EventType::RouteResolved).ack();
+    let _side = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let out = match sch.get_event(Some(Duration::from_secs(2))) {
+        Ok(ev) if ev.event == EventType::ConnectRequest => Ok(ev.id.local_addr().expect("local")),
+        Ok(ev) => panic!("listener got {}", ev.event),
+        Err(_) => {
+            let ev = expect(&cch, EventType::Rejected);
+            Err(ev.status)
+        }
+    };
+    let _ = client.destroy_qp();
+    client.destroy().unwrap();
+    listener.destroy().unwrap();
+    out
+}
+
+#[test]
+fn r10_wildcard_listener_serves_loopback_and_every_device() {
+    // 0.0.0.0 serves loopback ...
+    let got = try_reach(sa("0.0.0.0:0"), "127.0.0.1".parse().unwrap(), None).expect("127.0.0.1 reaches 0.0.0.0");
+    assert!(got.ip().is_loopback());
+    // ... and every address of this host that has a device.
+    let own: Vec<IpAddr> = softrdma_verbs::device::list_devices()
+        .unwrap()
+        .iter()
+        .filter(|d| !d.is_loopback_netdev && d.loopback)
+        .flat_map(|d| {
+            d.addrs
+                .iter()
+                .map(|a| a.ip)
+                .filter(|ip| ip.is_ipv4())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for ip in own {
+        let got = try_reach(sa("0.0.0.0:0"), ip, None).unwrap_or_else(|s| panic!("{ip} did not reach 0.0.0.0: {s}"));
+        assert_eq!(got.ip(), ip);
+    }
+    // :: with AFONLY off (the default, bindv6only=0) takes IPv4 too; with AFONLY on it does not.
+    assert!(try_reach(sa("[::]:0"), "127.0.0.1".parse().unwrap(), Some(false)).is_ok());
+    assert_eq!(
+        try_reach(sa("[::]:0"), "127.0.0.1".parse().unwrap(), Some(true)),
+        Err(-libc::ECONNREFUSED)
+    );
+}
+
+#[test]
+fn r13_ipv6_loopback_connects_like_ipv4() {
+    let got = try_reach(sa("[::1]:0"), "::1".parse().unwrap(), None).expect("::1 reaches ::1");
+    assert_eq!(got.ip(), "::1".parse::<IpAddr>().unwrap());
+    let got = try_reach(sa("[::]:0"), "::1".parse().unwrap(), Some(true)).expect("::1 reaches ::");
+    assert!(got.ip().is_loopback());
+}
