@@ -22,9 +22,9 @@ use crate::abi::{
     ibv_port_attr, ibv_query_device_ex_input, verbs_context, COMPAT_PORT_ATTR_LEN, IBV_GID_TYPE_IB,
     IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2, VERBS_ABI_IS_EXTENDED,
 };
+use crate::datapath::context_ops;
 use crate::device::{fill_c_chars, lookup};
 use crate::error::{non_null, ret_errno, ret_neg1, ret_ptr, CError, CResult};
-use crate::unimplemented_abi::context_ops;
 
 /// An open device context.
 #[repr(C)]
@@ -35,6 +35,13 @@ pub(crate) struct SoftContext {
 }
 
 const _: () = assert!(offset_of!(SoftContext, vctx) == 0);
+
+impl SoftContext {
+    /// The verbs context.
+    pub(crate) fn verbs(&self) -> &Context {
+        &self.verbs
+    }
+}
 /// Offset of the `struct ibv_context` handed to C inside a [`SoftContext`].
 const IBV_CONTEXT_OFFSET: usize = offset_of!(SoftContext, vctx) + offset_of!(verbs_context, context);
 
@@ -55,7 +62,8 @@ pub(crate) fn with_context<R>(ctx: *mut ibv_context, f: impl FnOnce(&SoftContext
     f(soft)
 }
 
-fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> {
+/// Opens a device (`ibv_open_device`; also librdmacm's per-device context).
+pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> {
     let dev = lookup(device)?;
     let verbs = Context::open(&dev.info())?;
     let mut vctx = verbs_context::zeroed();

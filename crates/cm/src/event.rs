@@ -115,7 +115,11 @@ impl CmEvent {
     fn do_ack(&mut self) {
         if !self.acked {
             self.acked = true;
-            self.id.inner().event_acked();
+            // A CONNECT_REQUEST counts against its listener (as in librdmacm), others their id.
+            match &self.listen_id {
+                Some(l) if self.event == EventType::ConnectRequest => l.inner().event_acked(),
+                _ => self.id.inner().event_acked(),
+            }
         }
     }
 }
@@ -252,7 +256,12 @@ impl EventChannel {
         while let Some(ev) = self.pop_where(&|e| {
             Arc::ptr_eq(e.id.inner(), id) || e.listen_id.as_ref().is_some_and(|l| Arc::ptr_eq(l.inner(), id))
         }) {
-            if Arc::ptr_eq(ev.id.inner(), id) {
+            // Count what `id` itself is waiting to see acked (a request counts on its listener).
+            let counted_on = match &ev.listen_id {
+                Some(l) if ev.event == EventType::ConnectRequest => l.inner(),
+                _ => ev.id.inner(),
+            };
+            if Arc::ptr_eq(counted_on, id) {
                 n += 1;
             }
             to.push(ev);

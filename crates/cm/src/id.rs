@@ -100,15 +100,25 @@ impl IdInner {
         reason: String,
         listen_id: Option<CmId>,
     ) {
+        let counted = match (&listen_id, event) {
+            (Some(l), EventType::ConnectRequest) => l.inner.clone(),
+            _ => self.clone(),
+        };
         let ch = {
-            let mut st = self.lock();
+            let st = self.lock();
             if st.state == CmState::Destroying {
                 // Nobody can take it any more; destroy must not wait for it.
                 return;
             }
-            st.unacked += 1;
             st.channel.clone()
         };
+        {
+            let mut c = counted.lock();
+            if c.state == CmState::Destroying {
+                return;
+            }
+            c.unacked += 1;
+        }
         let mut ev = CmEvent::new(CmId { inner: self.clone() }, event, status);
         ev.param = param;
         ev.reason = reason;
@@ -480,6 +490,37 @@ impl CmId {
         Ok(qp)
     }
 
+    /// Attaches a QP the application created itself (it must be in INIT or RTR, on the id's
+    /// device); `connect`/`accept` then move it to RTS (rping -q, `rdma_init_qp_attr` users).
+    pub fn attach_qp(&self, qp: &Qp) -> Result<()> {
+        let mut st = self.lock();
+        let Some(dev) = st.device.clone() else {
+            bail!(Inval, "attach QP {}: the id has no device yet", qp.qpn());
+        };
+        if qp.inner().pd.context().device().name != dev.name {
+            bail!(
+                Inval,
+                "attach QP {}: the QP is on {}, the id on {}",
+                qp.qpn(),
+                qp.inner().pd.context().device().name,
+                dev.name
+            );
+        }
+        if st.qp.is_some() {
+            bail!(Inval, "attach QP {}: the id already has a QP", qp.qpn());
+        }
+        if !matches!(qp.state(), QpState::Init | QpState::Rtr) {
+            bail!(
+                Inval,
+                "attach QP {}: the QP is in {}; it must be INIT or RTR",
+                qp.qpn(),
+                qp.state()
+            );
+        }
+        st.qp = Some(qp.clone());
+        Ok(())
+    }
+
     /// Destroys the id's QP (`rdma_destroy_qp`).
     pub fn destroy_qp(&self) -> Result<()> {
         let qp = self.lock().qp.take();
@@ -666,6 +707,10 @@ impl CmId {
     pub fn disconnect(&self) -> Result<()> {
         let conn = {
             let st = self.lock();
+            if st.state == CmState::Disconnect {
+                // Already disconnected (the peer went first): nothing to do, as in the kernel.
+                return Ok(());
+            }
             if st.state != CmState::Connect {
                 bail!(Inval, "rdma_disconnect: the id is in {}, not connected", st.state);
             }

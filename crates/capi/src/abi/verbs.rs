@@ -805,6 +805,7 @@ c_struct! {
 
     /// `struct ibv_qp_cap`.
     #[c = "struct ibv_qp_cap"]
+    #[derive(Clone, Copy)]
     pub struct ibv_qp_cap {
         pub max_send_wr: u32,
         pub max_recv_wr: u32,
@@ -815,6 +816,7 @@ c_struct! {
 
     /// `struct ibv_qp_init_attr`.
     #[c = "struct ibv_qp_init_attr"]
+    #[derive(Clone, Copy)]
     pub struct ibv_qp_init_attr {
         pub qp_context: *mut c_void,
         pub send_cq: *mut ibv_cq,

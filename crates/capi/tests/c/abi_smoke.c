@@ -1,7 +1,9 @@
 /*
  * Exercises the drop-in library through the real rdma-core headers: the inline functions and
- * macros of <infiniband/verbs.h> (extended verbs_context path), the exported compat calls,
- * and the failure conventions of the entry points that are not implemented yet.
+ * macros of <infiniband/verbs.h> (extended verbs_context path, ops table), the exported compat
+ * calls, the verbs objects (PD, MR, completion channel, CQ, QP, SRQ) and their error
+ * conventions, CM ids without a connection (bind, options, rdma_create_qp), rdma_getaddrinfo,
+ * rpoll, and the failure conventions of the entry points that are not implemented yet.
  *
  * Built by tests/dropin.rs: cc -o abi_smoke abi_smoke.c <dropin>/libibverbs.so.1
  * Prints one line per check; exits 0 only if every check passed.
@@ -12,6 +14,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <endian.h>
+#include <poll.h>
+#include <unistd.h>
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
@@ -41,6 +46,8 @@ static int failures;
 	} while (0)
 
 static int compat_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+static void verbs_objects(struct ibv_context *ctx);
+static void cm_objects(void);
 
 int main(void)
 {
@@ -139,22 +146,14 @@ int main(void)
 	CHECK(strcmp(ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR), "Work Request Flushed Error") == 0, "ibv_wc_status_str");
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0, "rdma_event_str");
 
+	verbs_objects(ctx);
+	cm_objects();
+
 	/* Not implemented yet: documented failure values with ENOSYS. */
-	errno = 0;
-	CHECK(ibv_alloc_pd(ctx) == NULL && errno == ENOSYS, "ibv_alloc_pd: NULL/ENOSYS");
-	CHECK(ibv_dealloc_pd(NULL) == ENOSYS, "ibv_dealloc_pd: returns ENOSYS");
-	errno = 0;
-	CHECK(rdma_create_event_channel() == NULL && errno == ENOSYS, "rdma_create_event_channel: NULL/ENOSYS");
-	errno = 0;
-	CHECK(rdma_create_id(NULL, NULL, NULL, RDMA_PS_TCP) == -1 && errno == ENOSYS, "rdma_create_id: -1/ENOSYS");
 	errno = 0;
 	CHECK(rsocket(AF_INET, SOCK_STREAM, 0) == -1 && errno == ENOSYS, "rsocket: -1/ENOSYS");
 	errno = 0;
 	CHECK(rfcntl(3, F_SETFL, 0) == -1 && errno == ENOSYS, "rfcntl (variadic): -1/ENOSYS");
-	struct ibv_send_wr wr, *bad = NULL;
-	memset(&wr, 0, sizeof(wr));
-	struct ibv_qp fake_qp = { .context = ctx };
-	CHECK(ibv_post_send(&fake_qp, &wr, &bad) == ENOSYS && bad == &wr, "ops.post_send: ENOSYS, *bad_wr = wr");
 
 	/* Not an mlx5/EFA device: EOPNOTSUPP, as the real providers answer. */
 	errno = 0;
@@ -173,4 +172,239 @@ int main(void)
 static int compat_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
 {
 	return ibv_query_port(ctx, port, (struct _compat_ibv_port_attr *)attr);
+}
+
+/* PD, MR, completion channel, CQ, QP and SRQ through the exported calls and the inline
+ * data-path functions (ops table). */
+static void verbs_objects(struct ibv_context *ctx)
+{
+	errno = 0;
+	CHECK(ibv_dealloc_pd(NULL) == EINVAL && errno == EINVAL, "ibv_dealloc_pd(NULL): EINVAL");
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd && pd->context == ctx, "ibv_alloc_pd");
+	if (!pd)
+		return;
+
+	static char buf[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(mr && mr->addr == buf && mr->length == sizeof(buf) && mr->pd == pd && mr->context == ctx &&
+		      mr->lkey != 0 && mr->rkey != 0,
+	      "ibv_reg_mr fills addr, length, pd, context, lkey, rkey");
+	struct ibv_mr *mr2 = ibv_reg_mr(pd, buf, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+	CHECK(mr2 != NULL, "ibv_reg_mr with IBV_ACCESS_RELAXED_ORDERING (-> ibv_reg_mr_iova2, optional bit ignored)");
+	CHECK(mr2 && ibv_dereg_mr(mr2) == 0, "ibv_dereg_mr");
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, buf, 64, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL,
+	      "REMOTE_WRITE without LOCAL_WRITE: NULL/EINVAL");
+
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(ch && ch->fd >= 0 && fcntl(ch->fd, F_GETFL) >= 0 && ch->context == ctx,
+	      "ibv_create_comp_channel: fd %d", ch ? ch->fd : -1);
+	int cq_ctx;
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, &cq_ctx, ch, 0);
+	CHECK(cq && cq->cqe >= 16 && cq->cq_context == &cq_ctx && cq->channel == ch && cq->context == ctx,
+	      "ibv_create_cq: cqe=%d", cq ? cq->cqe : -1);
+	struct ibv_cq *cq2 = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	CHECK(cq2 != NULL, "ibv_create_cq without a channel");
+	CHECK(cq2 && ibv_req_notify_cq(cq2, 0) == 0, "req_notify_cq without a channel: 0 (no effect), as providers");
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "ibv_destroy_comp_channel while a CQ uses it: EBUSY");
+	if (!cq || !cq2)
+		return;
+
+	struct ibv_wc wc[4];
+	CHECK(ibv_poll_cq(cq, 4, wc) == 0, "ibv_poll_cq on an empty CQ: 0");
+
+	struct ibv_qp_init_attr init = {
+		.qp_context = &cq_ctx,
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 16 },
+		.qp_type = IBV_QPT_RC,
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+	CHECK(qp && qp->qp_num != 0 && qp->state == IBV_QPS_RESET && qp->context == ctx && qp->pd == pd &&
+		      qp->send_cq == cq && qp->qp_context == &cq_ctx && init.cap.max_inline_data >= 16,
+	      "ibv_create_qp: qp_num=%u state=%d", qp ? qp->qp_num : 0, qp ? (int)qp->state : -1);
+	if (!qp)
+		return;
+	CHECK(ibv_destroy_cq(cq) == EBUSY, "ibv_destroy_cq while a QP uses it: EBUSY");
+	struct ibv_qp_init_attr ud = init;
+	ud.qp_type = IBV_QPT_UD;
+	errno = 0;
+	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EINVAL, "a UD QP on iWARP: NULL/EINVAL");
+	CHECK(ibv_qp_to_qp_ex(qp) == NULL && errno == EOPNOTSUPP, "ibv_qp_to_qp_ex: NULL/EOPNOTSUPP");
+
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				    .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0 &&
+		      qp->state == IBV_QPS_INIT,
+	      "ibv_modify_qp to INIT; qp->state follows (%d)", qp->state);
+	attr.qp_state = IBV_QPS_RTS;
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == EINVAL && qp->state == IBV_QPS_INIT,
+	      "INIT -> RTS is illegal: EINVAL, state unchanged");
+	struct ibv_qp_attr qattr;
+	struct ibv_qp_init_attr qinit;
+	memset(&qattr, 0xee, sizeof(qattr));
+	CHECK(ibv_query_qp(qp, &qattr, IBV_QP_STATE | IBV_QP_CAP, &qinit) == 0 && qattr.qp_state == IBV_QPS_INIT &&
+		      qattr.qp_access_flags == IBV_ACCESS_REMOTE_WRITE && qinit.cap.max_inline_data >= 16 &&
+		      qinit.send_cq == cq && qinit.qp_type == IBV_QPT_RC && qinit.qp_context == &cq_ctx,
+	      "ibv_query_qp");
+
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr ? mr->lkey : 0 };
+	struct ibv_send_wr swr[2], *bad_s = NULL;
+	memset(swr, 0, sizeof(swr));
+	swr[0].wr_id = 1;
+	swr[0].next = &swr[1];
+	swr[0].sg_list = &sge;
+	swr[0].num_sge = 1;
+	swr[0].opcode = IBV_WR_SEND;
+	swr[1] = swr[0];
+	swr[1].next = NULL;
+	CHECK(ibv_post_send(qp, swr, &bad_s) == EINVAL && bad_s == &swr[0],
+	      "post_send before RTS: EINVAL, *bad_wr = the first WR");
+
+	struct ibv_recv_wr rwr[3], *bad_r = NULL;
+	memset(rwr, 0, sizeof(rwr));
+	for (int i = 0; i < 3; i++) {
+		rwr[i].wr_id = 10 + i;
+		rwr[i].next = i < 2 ? &rwr[i + 1] : NULL;
+		rwr[i].sg_list = &sge;
+		rwr[i].num_sge = 1;
+	}
+	rwr[2].num_sge = -1;
+	CHECK(ibv_post_recv(qp, rwr, &bad_r) == EINVAL && bad_r == &rwr[2],
+	      "post_recv chain with a bad third WR: the first two are posted, *bad_wr = the third");
+
+	CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	attr.qp_state = IBV_QPS_ERR;
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0 && qp->state == IBV_QPS_ERR, "ibv_modify_qp to ERR");
+	struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+	CHECK(poll(&pfd, 1, 2000) == 1, "the flush makes the completion channel readable");
+	struct ibv_cq *ev_cq = NULL;
+	void *ev_ctx = NULL;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq && ev_ctx == &cq_ctx,
+	      "ibv_get_cq_event returns the CQ and its cq_context");
+	ibv_ack_cq_events(cq, 1);
+	CHECK(cq->comp_events_completed == 1, "ibv_ack_cq_events counts comp_events_completed");
+	int n = ibv_poll_cq(cq, 4, wc);
+	CHECK(n == 2 && wc[0].wr_id == 10 && wc[1].wr_id == 11 && wc[0].status == IBV_WC_WR_FLUSH_ERR &&
+		      wc[0].opcode == IBV_WC_RECV && wc[0].qp_num == qp->qp_num,
+	      "two flushed receives in order (n=%d)", n);
+	int fl = fcntl(ch->fd, F_GETFL);
+	fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN, "O_NONBLOCK channel: -1/EAGAIN");
+
+	struct ibv_srq_init_attr sattr = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &sattr);
+	CHECK(srq && srq->pd == pd && srq->context == ctx, "ibv_create_srq");
+	if (srq) {
+		struct ibv_recv_wr one = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad = NULL;
+		CHECK(ibv_post_srq_recv(srq, &one, &bad) == 0, "ibv_post_srq_recv");
+		CHECK(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd while objects use it: EBUSY");
+		CHECK(ibv_destroy_srq(srq) == 0, "ibv_destroy_srq");
+	}
+
+	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(cq2) == 0, "ibv_destroy_cq");
+	CHECK(ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_comp_channel");
+	CHECK(mr && ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+}
+
+/* Event channel, a synchronous id bound to loopback, options, QP attributes, addrinfo, rpoll. */
+static void cm_objects(void)
+{
+	struct rdma_event_channel *ech = rdma_create_event_channel();
+	CHECK(ech && ech->fd >= 0, "rdma_create_event_channel: fd %d", ech ? ech->fd : -1);
+
+	struct rdma_cm_id *id = NULL;
+	int ctx_marker;
+	CHECK(rdma_create_id(ech, &id, &ctx_marker, RDMA_PS_TCP) == 0 && id->channel == ech &&
+		      id->context == &ctx_marker && id->ps == RDMA_PS_TCP && id->qp_type == IBV_QPT_RC &&
+		      id->verbs == NULL,
+	      "rdma_create_id (async)");
+	errno = 0;
+	CHECK(rdma_create_id(ech, &id, NULL, 0x4242) == -1 && errno == EINVAL, "unknown port space: -1/EINVAL");
+
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	CHECK(rdma_bind_addr(id, (struct sockaddr *)&sin) == 0, "rdma_bind_addr 127.0.0.1:0");
+	struct sockaddr_in *src = (struct sockaddr_in *)&id->route.addr.src_addr;
+	CHECK(id->verbs && id->pd && id->pd->context == id->verbs && id->port_num == 1 &&
+		      src->sin_family == AF_INET && src->sin_addr.s_addr == htonl(INADDR_LOOPBACK) && src->sin_port != 0,
+	      "after bind: verbs, default pd, port_num 1, route.addr.src_addr with the chosen port");
+
+	struct rdma_cm_id *id2 = NULL;
+	CHECK(rdma_create_id(NULL, &id2, NULL, RDMA_PS_TCP) == 0 && id2->channel && id2->channel != ech,
+	      "rdma_create_id (synchronous: a private channel)");
+	CHECK(rdma_bind_addr(id2, (struct sockaddr *)&sin) == 0 && id2->verbs == id->verbs && id2->pd == id->pd,
+	      "one context and default PD per device for the process");
+
+	uint8_t tos = 8;
+	int one = 1;
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)) == 0, "set TOS");
+	errno = 0;
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &one, sizeof(one)) == -1 && errno == EINVAL,
+	      "TOS with optlen 4: -1/EINVAL");
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof(one)) == 0, "set REUSEADDR");
+	errno = 0;
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, 77, &one, sizeof(one)) == -1 && errno == ENOSYS,
+	      "unknown option: -1/ENOSYS");
+
+	struct ibv_qp_attr qa;
+	int mask = 0;
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(id, &qa, &mask) == 0 && mask == (IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PORT) &&
+		      qa.qp_access_flags == (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) && qa.port_num == 1,
+	      "rdma_init_qp_attr INIT (iWARP: state, access, port)");
+	errno = 0;
+	CHECK(rdma_establish(id) == -1 && errno == EINVAL, "rdma_establish without CONNECT_RESPONSE: -1/EINVAL");
+
+	struct ibv_qp_init_attr qinit = { .cap = { .max_send_wr = 2, .max_recv_wr = 3, .max_send_sge = 1,
+						   .max_recv_sge = 1 },
+					  .qp_type = IBV_QPT_RC };
+	CHECK(rdma_create_qp(id, NULL, &qinit) == 0 && id->qp && id->qp->pd == id->pd && id->send_cq &&
+		      id->recv_cq && id->send_cq != id->recv_cq && id->send_cq_channel && id->recv_cq_channel &&
+		      id->recv_cq->cq_context == id && qinit.send_cq == id->send_cq && id->qp->state == IBV_QPS_INIT,
+	      "rdma_create_qp with NULL pd and CQs: default PD, CQs with channels and cq_context = id, INIT");
+	errno = 0;
+	CHECK(rdma_create_qp(id, NULL, &qinit) == -1 && errno == EINVAL, "a second QP on the id: -1/EINVAL");
+	rdma_destroy_qp(id);
+	CHECK(id->qp == NULL && id->send_cq == NULL && id->recv_cq_channel == NULL,
+	      "rdma_destroy_qp also destroys the CQs and channels it created");
+
+	CHECK(rdma_destroy_id(id) == 0 && rdma_destroy_id(id2) == 0, "rdma_destroy_id");
+	rdma_destroy_event_channel(ech);
+
+	struct rdma_addrinfo hints, *res = NULL;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_flags = RAI_PASSIVE;
+	hints.ai_port_space = RDMA_PS_TCP;
+	CHECK(rdma_getaddrinfo("127.0.0.1", "7471", &hints, &res) == 0 && res && res->ai_src_addr &&
+		      res->ai_src_len == sizeof(struct sockaddr_in) && !res->ai_dst_addr &&
+		      res->ai_port_space == RDMA_PS_TCP && res->ai_qp_type == IBV_QPT_RC &&
+		      ntohs(((struct sockaddr_in *)res->ai_src_addr)->sin_port) == 7471,
+	      "rdma_getaddrinfo RAI_PASSIVE 127.0.0.1:7471 -> ai_src_addr");
+	rdma_freeaddrinfo(res);
+	hints.ai_flags = 0;
+	res = NULL;
+	CHECK(rdma_getaddrinfo("::1", "18515", &hints, &res) == 0 && res && res->ai_dst_addr &&
+		      res->ai_family == AF_INET6 && res->ai_dst_len == sizeof(struct sockaddr_in6),
+	      "rdma_getaddrinfo ::1 -> ai_dst_addr");
+	rdma_freeaddrinfo(res);
+	CHECK(rdma_getaddrinfo("no.such.host.invalid", "1", &hints, &res) != 0, "an unknown host fails (EAI_*)");
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL, "nothing to resolve: -1/EINVAL");
+
+	int fds[2];
+	if (pipe(fds) == 0) {
+		struct pollfd p[2] = { { .fd = fds[0], .events = POLLIN }, { .fd = fds[1], .events = POLLOUT } };
+		CHECK(rpoll(p, 2, 0) == 1 && p[1].revents == POLLOUT && p[0].revents == 0,
+		      "rpoll passes ordinary fds to poll(2)");
+		close(fds[0]);
+		close(fds[1]);
+	}
 }

@@ -1,0 +1,227 @@
+//! Helpers for the drop-in tests: the drop-in directory, bounded child processes that are
+//! killed on drop, free ports, and `SOFTRDMA_CONFIG` files.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub const LINKS: [&str; 4] = ["libibverbs.so.1", "librdmacm.so.1", "libmlx5.so.1", "libefa.so.1"];
+pub const LIB: &str = "libsoftrdma.so";
+/// Bound on every child process.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The built cdylib: cargo builds the library target of this package before its integration
+/// tests and leaves the fresh `libsoftrdma.so` next to the test executable (`deps/`) and one
+/// level up.
+pub fn built_library() -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTRDMA_DROPIN_LIB") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.join(LIB), deps.parent().unwrap().join(LIB)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{LIB} not found near {}; set SOFTRDMA_DROPIN_LIB", exe.display()))
+}
+
+/// The drop-in directory of this test executable: a copy of the library plus the four
+/// symlinks, made once per run (each test executable has its own, so they never race).
+pub fn dropin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-dropin-{}", env!("CARGO_CRATE_NAME")));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = dir.join(format!(".{LIB}.{}", std::process::id()));
+        std::fs::copy(built_library(), &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join(LIB)).unwrap();
+        for name in LINKS {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(LIB, &link).unwrap();
+        }
+        dir
+    })
+}
+
+/// A finished process.
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn describe(&self) -> String {
+        format!(
+            "exit {:?} after {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A running child with captured output; killed and reaped on drop.
+pub struct Proc {
+    child: Child,
+    desc: String,
+    started: Instant,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+}
+
+fn reader(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = r.read_to_end(&mut s);
+        String::from_utf8_lossy(&s).into_owned()
+    })
+}
+
+impl Proc {
+    /// Starts `cmd` with the drop-in directory in `LD_LIBRARY_PATH`.
+    pub fn start(cmd: &mut Command) -> Proc {
+        cmd.env("LD_LIBRARY_PATH", dropin_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let desc = format!("{cmd:?}");
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+        let out = reader(child.stdout.take().unwrap());
+        let err = reader(child.stderr.take().unwrap());
+        Proc {
+            child,
+            desc,
+            started: Instant::now(),
+            out: Some(out),
+            err: Some(err),
+        }
+    }
+
+    /// Waits for the exit; kills the process and fails the test after `timeout`.
+    pub fn wait(self, timeout: Duration) -> Run {
+        self.wait_or(timeout, "")
+    }
+
+    /// [`Proc::wait`], adding `context` (e.g. the peer's output) to the failure message.
+    pub fn wait_or(mut self, timeout: Duration, context: &str) -> Run {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let partial = self.collect(None);
+                panic!(
+                    "{} did not finish within {timeout:?}\n{}{context}",
+                    self.desc,
+                    partial.describe()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.collect(status.code())
+    }
+
+    /// Kills the process (for servers that never exit) and returns what it printed.
+    pub fn kill(mut self) -> Run {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.collect(None)
+    }
+
+    fn collect(&mut self, code: Option<i32>) -> Run {
+        let elapsed = self.started.elapsed();
+        Run {
+            code,
+            stdout: self.out.take().map(|h| h.join().unwrap()).unwrap_or_default(),
+            stderr: self.err.take().map(|h| h.join().unwrap()).unwrap_or_default(),
+            elapsed,
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cmd` to completion within [`TIMEOUT`].
+pub fn run(cmd: &mut Command) -> Run {
+    Proc::start(cmd).wait(TIMEOUT)
+}
+
+pub fn binary(name: &str) -> PathBuf {
+    let p = Path::new("/usr/bin").join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing (install ibverbs-utils rdmacm-utils perftest)",
+        p.display()
+    );
+    p
+}
+
+/// A `SOFTRDMA_CONFIG` file with one device `siw_lo` on `lo`, plus `extra` lines. Replaced
+/// atomically (write + rename), so a process of a concurrent test never reads it half-written.
+pub fn lo_config(dir_name: &str, extra: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("devices.toml");
+    let text = format!("[[device]]\nname = \"siw_lo\"\ntransport = \"iwarp\"\nnetdev = \"lo\"\n{extra}");
+    let tmp = dir.join(format!(
+        ".devices.toml.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path
+}
+
+/// A TCP port that was free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// True once some socket listens on TCP `port` (read from /proc/net/tcp{,6}; nothing connects,
+/// so the server under test sees no extra connection).
+pub fn is_listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            // local_address is column 1, st (state) column 3; 0A = LISTEN.
+            cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+        })
+    })
+}
+
+/// Waits until `server` listens on `port` (panics with its output if it exits or takes
+/// longer than 10 s).
+pub fn wait_listening(server: &mut Proc, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !is_listening(port) {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            let r = server.collect(status.code());
+            panic!("{} exited before listening on {port}\n{}", server.desc, r.describe());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} is not listening on {port} after 10 s",
+            server.desc
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
