@@ -106,6 +106,31 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Like [`Endpoint::drain_sends`], for the last sends of a run: the peer may disconnect as
+    /// soon as it has the data, so a WR_FLUSH_ERR here is expected, not a failure.
+    pub fn drain_sends_after_peer(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.qp.inner().sends_outstanding() > 0 {
+            match self.cq.poll_one() {
+                Some(wc) if wc.status == WcStatus::Success || wc.status == WcStatus::WrFlushErr => {}
+                Some(wc) => bail!(
+                    Io,
+                    "QP {}: work request {:#x} failed: {}",
+                    wc.qp_num,
+                    wc.wr_id,
+                    wc.status.as_str()
+                ),
+                None if Instant::now() >= deadline => bail!(
+                    TimedOut,
+                    "QP {}: sends still outstanding after {timeout:?}",
+                    self.qp.qpn()
+                ),
+                None => std::thread::sleep(BACKOFF),
+            }
+        }
+        Ok(())
+    }
+
     /// Waits for the next receive completion; send completions met on the way are consumed.
     pub fn next_recv(&self, timeout: Duration) -> Result<WorkCompletion> {
         let deadline = Instant::now() + timeout;

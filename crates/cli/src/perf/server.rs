@@ -127,8 +127,9 @@ fn serve_send_bw(ep: &Endpoint, buf: &Mr, r: &Request, slots: usize) -> softrdma
             ep.qp.post_send_one(SendWr::send(u64::MAX, vec![credit.sge(0, 4)]))?;
         }
     }
-    // Keep the credit buffer registered until its last SEND completed.
-    ep.drain_sends(OP_TIMEOUT)
+    // Keep the credit buffer registered until its last SEND completed (or flushed: the client
+    // may hang up as soon as it has what it needs).
+    ep.drain_sends_after_peer(OP_TIMEOUT)
 }
 
 /// send-lat: echoes each message back.
@@ -143,7 +144,7 @@ fn serve_send_lat(ep: &Endpoint, buf: &Mr, r: &Request) -> softrdma_verbs::Resul
         ep.qp.post_recv_one(0, buf.sge(0, size))?;
         ep.qp.post_send_one(SendWr::send(1, vec![echo.sge(0, size)]))?;
     }
-    ep.drain_sends(OP_TIMEOUT)
+    ep.drain_sends_after_peer(OP_TIMEOUT)
 }
 
 /// write-lat: waits for each WRITE's last byte, then writes the buffer back.
@@ -158,9 +159,10 @@ fn serve_write_lat(ep: &Endpoint, buf: &Mr, r: &Request) -> softrdma_verbs::Resu
         }
         let signaled = wr.flags.contains(softrdma_verbs::SendFlags::SIGNALED);
         ep.qp.post_send_one(wr)?;
-        if signaled {
+        if signaled && i + 1 < r.iters {
             ep.next_wc(OP_TIMEOUT)?;
         }
     }
-    Ok(())
+    // The client hangs up once the last WRITE landed; its completion may be a flush.
+    ep.drain_sends_after_peer(OP_TIMEOUT)
 }
