@@ -224,6 +224,9 @@ pub(crate) struct SoftCmId {
     own_channels: Mutex<Vec<*mut rdma_event_channel>>,
     /// `rdma_create_ep` on a passive address: the QP attributes `rdma_get_request` uses.
     ep_qp_attr: Mutex<Option<ibv_qp_init_attr>>,
+    /// Active id connected with `conn_param.qp_num` and no `id->qp` (rping -q): its
+    /// ESTABLISHED is reported as CONNECT_RESPONSE, and `rdma_establish` completes it.
+    qpless: std::sync::atomic::AtomicBool,
 }
 c_object!(SoftCmId, rdma_cm_id, "id");
 
@@ -344,6 +347,7 @@ fn new_c_id(
         update: Mutex::new(()),
         own_channels: Mutex::new(own),
         ep_qp_attr: Mutex::new(None),
+        qpless: std::sync::atomic::AtomicBool::new(false),
     };
     soft.refresh()?;
     let p = soft.into_c();
@@ -474,7 +478,8 @@ fn connect(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> CResult<c_int> {
     // SAFETY: the caller's parameters (C contract).
     let cp = unsafe { conn_param_from_c(param)? }.unwrap_or_else(default_conn_param);
     let r = with_id(p, |s| {
-        attach_c_qp(s)?;
+        let qpless = attach_c_qp(s, cp.qp_num)?;
+        s.qpless.store(qpless, std::sync::atomic::Ordering::Release);
         let r = s.id.connect(&cp);
         refresh_qp_state(s.qp());
         Ok(r?)
@@ -482,25 +487,34 @@ fn connect(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> CResult<c_int> {
     r.map(|()| 0)
 }
 
-/// An application that made its QP with `ibv_create_qp` and stored it in `id->qp`
-/// (rping -q) gets it attached to the CM id, so connect/accept can bring it to RTS.
-fn attach_c_qp(s: &SoftCmId) -> CResult<()> {
+/// An application that made its QP with `ibv_create_qp` (rping -q) either stores it in
+/// `id->qp` or names it in `conn_param.qp_num`; either way it is attached to the CM id, so
+/// connect/accept bring it to RTS. Returns true for the `qp_num` case (no `id->qp`).
+fn attach_c_qp(s: &SoftCmId, qp_num: u32) -> CResult<bool> {
+    if s.id.qp().is_some() {
+        return Ok(false);
+    }
     let qp = s.qp();
-    if qp.is_null() || s.id.qp().is_some() {
-        return Ok(());
+    if !qp.is_null() {
+        if let Some(q) = crate::objects::live_qp(qp) {
+            s.id.attach_qp(&q)?;
+        }
+        return Ok(false);
     }
-    let live = crate::objects::live_qp(qp);
-    if let Some(q) = live {
-        s.id.attach_qp(&q)?;
+    match (qp_num != 0).then(|| crate::objects::live_qp_by_num(qp_num)).flatten() {
+        Some(q) => {
+            s.id.attach_qp(&q)?;
+            Ok(true)
+        }
+        None => Ok(false),
     }
-    Ok(())
 }
 
 fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> CResult<c_int> {
     // SAFETY: the caller's parameters (C contract).
     let cp = unsafe { conn_param_from_c(param)? };
     with_id(p, |s| {
-        attach_c_qp(s)?;
+        attach_c_qp(s, cp.as_ref().map(|c| c.qp_num).unwrap_or(0))?;
         let r = s.id.accept(cp.as_ref());
         refresh_qp_state(s.qp());
         Ok(r?)
@@ -628,14 +642,14 @@ fn init_qp_attr(p: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) ->
 fn establish(p: *mut rdma_cm_id) -> CResult<c_int> {
     // SAFETY: `p` is an id of this library (C contract).
     let soft = unsafe { SoftCmId::from_c(p)? };
-    if !soft.qp().is_null() {
-        return Err(CError::inval(
-            "rdma_establish: the id has a QP (the CM completes its connection)",
-        ));
+    match soft.id.qp() {
+        // The QP named by conn_param.qp_num went to RTS with the connection; nothing is left.
+        Some(q) if soft.qp().is_null() && q.state() == softrdma_verbs::QpState::Rts => Ok(0),
+        Some(_) if !soft.qp().is_null() => Err(CError::inval("rdma_establish: the id has a QP (the CM completes its connection)")),
+        _ => Err(CError::inval(
+            "rdma_establish: no connected QP: connect with conn_param.qp_num naming a QP made by ibv_create_qp, and wait for CONNECT_RESPONSE",
+        )),
     }
-    Err(CError::inval(
-        "rdma_establish: iWARP connections need a QP on the id, so there is no CONNECT_RESPONSE to complete",
-    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -897,7 +911,13 @@ fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) 
         let mut c = rdma_cm_event::zeroed();
         c.id = id;
         c.listen_id = listen.unwrap_or(ptr::null_mut());
-        c.event = ev.event as u32;
+        let qpless_response =
+            ev.event == EventType::Established && soft.qpless.swap(false, std::sync::atomic::Ordering::AcqRel);
+        c.event = if qpless_response {
+            EventType::ConnectResponse as u32
+        } else {
+            ev.event as u32
+        };
         c.status = ev.status;
         let private_data = ev.param.private_data.clone();
         c.param.conn = rdma_conn_param {

@@ -131,7 +131,7 @@ pub(crate) fn ret_or<T>(r: CResult<T>, on_error: T) -> T {
 
 /// Stores the errno, prints loud errors, and returns the errno value.
 fn fail(e: CError) -> c_int {
-    if e.loud {
+    if e.loud || debug_enabled() {
         let func = CURRENT.with(Cell::get);
         let desc = std::io::Error::from_raw_os_error(e.errno);
         match &e.msg {
@@ -141,6 +141,12 @@ fn fail(e: CError) -> c_int {
     }
     set_errno(e.errno);
     e.errno
+}
+
+/// `SOFTRDMA_DEBUG=1`: print every failing call with its reason (not only the loud ones).
+fn debug_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SOFTRDMA_DEBUG").is_ok_and(|v| v == "1"))
 }
 
 fn set_errno(errno: c_int) {

@@ -452,6 +452,16 @@ pub(crate) fn live_qp(qp: *mut ibv_qp) -> Option<Qp> {
     }
 }
 
+/// The live QP with number `qpn` (for `conn_param.qp_num` of QPs made with `ibv_create_qp`).
+pub(crate) fn live_qp_by_num(qpn: u32) -> Option<Qp> {
+    let live = live_qps();
+    live.as_ref()?.iter().find_map(|&a| {
+        // SAFETY: registered QPs are live; destroy unregisters (under this lock) first.
+        let q = unsafe { &*(a as *const SoftQp) };
+        (q.qp.qpn() == qpn).then(|| q.qp.clone())
+    })
+}
+
 pub(crate) fn refresh_qp_state(qp: *mut ibv_qp) {
     if qp.is_null() {
         return;
@@ -661,6 +671,18 @@ fn modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> CResult<()>
     let mask = mask as u32;
     // SAFETY: the caller initialised the fields its mask names (C contract).
     let a = unsafe { qp_attr_from_c(attr, mask) };
+    // A QP named by conn_param.qp_num is brought to RTS by its iWARP connection before the
+    // application's own INIT/RTR/RTS steps (rping -q after CONNECT_RESPONSE): those steps then
+    // have nothing left to do.
+    let connected = qp.qp.state() == softrdma_verbs::QpState::Rts && qp.qp.inner().driver().is_some();
+    let toward_rts = matches!(
+        a.qp_state,
+        Some(softrdma_verbs::QpState::Init | softrdma_verbs::QpState::Rtr | softrdma_verbs::QpState::Rts)
+    );
+    if connected && toward_rts && qp.qp.inner().rules == softrdma_verbs::qp_state::AttrRules::Iwarp {
+        qp.sync_state();
+        return Ok(());
+    }
     let r = qp.qp.modify(&a, mask);
     qp.sync_state();
     Ok(r?)

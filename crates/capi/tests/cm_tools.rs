@@ -206,3 +206,29 @@ fn no_devices_fail_like_rdma_core() {
         r.describe()
     );
 }
+
+/// `rping -q`: the application creates its QPs with `ibv_create_qp`, names them in
+/// `conn_param.qp_num`, drives INIT/RTR/RTS itself with `rdma_init_qp_attr`, and the client
+/// finishes with CONNECT_RESPONSE + `rdma_establish`.
+#[test]
+fn rping_with_self_created_qps() {
+    let port = free_port();
+    let p = port.to_string();
+    let (srv, cli) = pair(
+        cmd("rping", &["-s", "-q", "-a", "127.0.0.1", "-p", &p, "-V"]),
+        cmd(
+            "rping",
+            &["-c", "-q", "-a", "127.0.0.1", "-p", &p, "-C", "20", "-V", "-v"],
+        ),
+        port,
+        true,
+    );
+    assert_ok("rping -q server", &srv);
+    assert_ok("rping -q client", &cli);
+    assert_eq!(
+        cli.stdout.lines().filter(|l| l.starts_with("ping data: ")).count(),
+        20,
+        "{}",
+        cli.describe()
+    );
+}

@@ -509,13 +509,29 @@ impl CmId {
         if st.qp.is_some() {
             bail!(Inval, "attach QP {}: the id already has a QP", qp.qpn());
         }
-        if !matches!(qp.state(), QpState::Init | QpState::Rtr) {
+        let unconnected_rts = qp.state() == QpState::Rts && qp.inner().driver().is_none();
+        if !matches!(qp.state(), QpState::Reset | QpState::Init | QpState::Rtr) && !unconnected_rts {
             bail!(
                 Inval,
                 "attach QP {}: the QP is in {}; it must be INIT or RTR",
                 qp.qpn(),
                 qp.state()
             );
+        }
+        // Give it the access rdma_init_qp_attr would (the application may not have asked yet).
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let target = match qp.state() {
+            QpState::Reset | QpState::Init => Some(QpState::Init),
+            QpState::Rts => Some(QpState::Rts),
+            _ => None,
+        };
+        if let Some(t) = target {
+            let attr = QpAttr {
+                qp_state: Some(t),
+                qp_access_flags: access,
+                ..QpAttr::default()
+            };
+            qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS)?;
         }
         st.qp = Some(qp.clone());
         Ok(())

@@ -508,13 +508,9 @@ impl Qp {
             if mask & attr_mask::DEST_QPN != 0 {
                 a.dest_qp_num = attr.dest_qp_num & 0xff_ffff;
             }
-            if new == QpState::Rts && cur == QpState::Rtr && self.inner.rules == AttrRules::Iwarp && c.driver.is_none()
-            {
-                bail!(
-                    Inval,
-                    "modify_qp {qpn}: an iWARP QP enters RTS only through its connection (connect/accept)"
-                );
-            }
+            // An iWARP QP the application moves to RTS before its connection exists (rping -q,
+            // rdma_init_qp_attr users) keeps its send queue until connect/accept attaches the
+            // connection; nothing is sent before that.
             match new {
                 QpState::Reset => {
                     c.sq.clear();

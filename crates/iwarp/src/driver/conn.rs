@@ -581,6 +581,7 @@ pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink)
     handshake::check_private_data(&params.private_data)?;
     match qp.state() {
         QpState::Init | QpState::Rtr => {}
+        QpState::Rts if qp.inner().driver().is_none() => {}
         s => bail!(
             Inval,
             "connect QP {} to {dst}: the QP is in {s}; it must be INIT or RTR",
@@ -608,6 +609,7 @@ pub fn connect_socket(
     handshake::check_private_data(&params.private_data)?;
     match qp.state() {
         QpState::Init | QpState::Rtr => {}
+        QpState::Rts if qp.inner().driver().is_none() => {}
         s => bail!(
             Inval,
             "connect QP {} to {dst}: the QP is in {s}; it must be INIT or RTR",

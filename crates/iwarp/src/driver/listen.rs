@@ -336,6 +336,7 @@ impl ConnRequest {
         handshake::check_private_data(&params.private_data)?;
         match qp.state() {
             QpState::Init | QpState::Rtr => {}
+            QpState::Rts if qp.inner().driver().is_none() => {}
             s => bail!(
                 Inval,
                 "accept from {} on QP {}: the QP is in {s}; it must be INIT or RTR",
