@@ -94,42 +94,13 @@ impl Lan {
         let (f, t) = (&self.hosts[from], &self.hosts[to]);
         let (fdev, tdev) = (format!("eth{}", from + 1), format!("eth{}", to + 1));
         for (ns, dev) in [(t, &tdev), (f, &fdev)] {
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv4.conf.all.route_localnet=1",
-            ])?;
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                &format!("net.ipv4.conf.{dev}.route_localnet=1"),
-            ])?;
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                "net.ipv4.conf.all.rp_filter=0",
-            ])?;
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                "sysctl",
-                "-qw",
-                &format!("net.ipv4.conf.{dev}.rp_filter=0"),
-            ])?;
+            // Accept 127/8 on the veth and do not drop it as martian or by reverse-path checks.
+            for iface in ["all", dev.as_str()] {
+                for setting in ["route_localnet=1", "rp_filter=0"] {
+                    let key = format!("net.ipv4.conf.{iface}.{setting}");
+                    sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", &key])?;
+                }
+            }
         }
         sh(&[
             "ip",
