@@ -1,6 +1,6 @@
 //! Opened devices: `ibv_open_device`, `ibv_close_device` and the query calls
 //! (`ibv_query_device`, `ibv_query_port`, `ibv_query_gid`, `_ibv_query_gid_ex`,
-//! `ibv_query_gid_type`, `ibv_query_pkey`).
+//! `_ibv_query_gid_table`, `ibv_query_gid_type`, `ibv_query_pkey`).
 //!
 //! A context is a [`SoftContext`]: a full `struct verbs_context` first (so the
 //! `struct ibv_context *` handed to C sits at offset 320 and `verbs_get_ctx()` finds the
@@ -14,13 +14,14 @@ use std::mem::{offset_of, size_of};
 use std::ptr;
 use std::sync::{Mutex, PoisonError};
 
-use softrdma_verbs::device::{DeviceAttr, PortAttr, TransportKind};
+use softrdma_verbs::device::{DeviceAttr, GidType, PortAttr};
 use softrdma_verbs::Context;
 
 use crate::abi::{
     _compat_ibv_port_attr, ibv_context, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_gid, ibv_gid_entry,
     ibv_port_attr, ibv_query_device_ex_input, verbs_context, COMPAT_PORT_ATTR_LEN, IBV_GID_TYPE_IB,
-    IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2, VERBS_ABI_IS_EXTENDED,
+    IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2, IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2,
+    VERBS_ABI_IS_EXTENDED,
 };
 use crate::datapath::context_ops;
 use crate::device::{fill_c_chars, lookup};
@@ -208,27 +209,33 @@ fn query_port_into(ctx: *mut ibv_context, port: u8, dst: *mut u8, len: usize) ->
     Ok(())
 }
 
-/// The GID table entry `index` of `port`, as the kernel's GID cache reports it: for an
-/// iWARP port the type is `IBV_GID_TYPE_IB` and `ndev_ifindex` is the netdev. ENODATA for an
-/// all-zero (empty) entry; EINVAL for a bad port or index.
+/// `enum ibv_gid_type` of a GID type.
+fn gid_type_c(t: GidType) -> u32 {
+    match t {
+        GidType::Ib => IBV_GID_TYPE_IB,
+        GidType::RoceV1 => IBV_GID_TYPE_ROCE_V1,
+        GidType::RoceV2 => IBV_GID_TYPE_ROCE_V2,
+    }
+}
+
+/// The GID table entry `index` of `port`, as the kernel's GID cache reports it: type
+/// `IBV_GID_TYPE_ROCE_V2` on a RoCE port, `IBV_GID_TYPE_IB` on an iWARP port; `ndev_ifindex`
+/// is the netdev. ENODATA for an empty entry; EINVAL for a bad port or index.
 fn gid_entry(ctx: *mut ibv_context, port: u32, index: u32) -> CResult<ibv_gid_entry> {
     let port8 = u8::try_from(port).map_err(|_| CError::inval(format!("port {port} does not exist")))?;
     let idx = usize::try_from(index).map_err(|_| CError::inval("GID index out of range"))?;
     with_context(ctx, |c| {
         let gid = c.verbs.query_gid(port8, idx)?;
-        if gid.0 == [0; 16] {
+        if gid.is_zero() {
             return Err(CError::new(libc::ENODATA, format!("GID {index} is empty")));
         }
-        let dev = c.verbs.device();
-        let gid_type = match dev.transport {
-            TransportKind::Iwarp => IBV_GID_TYPE_IB,
-        };
+        let gid_type = c.verbs.query_gid_type(port8, idx)?;
         Ok(ibv_gid_entry {
             gid: ibv_gid { raw: gid.0 },
             gid_index: index,
             port_num: port,
-            gid_type,
-            ndev_ifindex: dev.ifindex,
+            gid_type: gid_type_c(gid_type),
+            ndev_ifindex: c.verbs.device().ifindex,
         })
     })
 }
@@ -293,6 +300,52 @@ fn query_gid_ex(
     // SAFETY: the caller's entry holds `entry_size` bytes.
     unsafe { write_sized(&value, entry.cast(), entry_size) };
     Ok(())
+}
+
+/// `_ibv_query_gid_table`: every non-empty GID entry of every port, as rdma-core's fallback
+/// (one `ibv_query_gid_ex` per index) builds it: the number written, EINVAL if they do not
+/// fit in `max_entries`.
+fn query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> CResult<usize> {
+    if flags != 0 {
+        return Err(CError::inval("query_gid_table: flags must be 0"));
+    }
+    if entry_size < size_of::<ibv_gid_entry>() {
+        return Err(CError::inval("query_gid_table: entry_size is too small"));
+    }
+    if max_entries > 0 {
+        non_null(entries, "entries")?;
+    }
+    let (ports, len) = with_context(ctx, |c| {
+        Ok((c.verbs.query_device().phys_port_cnt, c.verbs.query_port(1)?.gid_tbl_len))
+    })?;
+    let mut found = Vec::new();
+    for port in 1..=u32::from(ports) {
+        for index in 0..u32::try_from(len).unwrap_or(0) {
+            match gid_entry(ctx, port, index) {
+                Ok(e) => found.push(e),
+                Err(e) if e.errno() == libc::ENODATA => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if found.len() > max_entries {
+        return Err(CError::inval(format!(
+            "query_gid_table: {} entries do not fit in max_entries {max_entries}",
+            found.len()
+        )));
+    }
+    for (i, e) in found.iter().enumerate() {
+        // SAFETY: `entries` holds `max_entries` > i elements of `entry_size` bytes each (C
+        // contract); every entry is written within its own element.
+        unsafe { write_sized(e, entries.cast::<u8>().add(i * entry_size), entry_size) };
+    }
+    Ok(found.len())
 }
 
 fn query_gid_type(ctx: *mut ibv_context, port: u8, index: c_uint, type_: *mut u32) -> CResult<c_int> {
@@ -386,6 +439,23 @@ c_fn! {
         ret_errno(query_gid_ex(context, port_num, gid_index, entry, flags, entry_size))
     }
 
+    /// `ssize_t _ibv_query_gid_table(struct ibv_context *, struct ibv_gid_entry *entries,
+    /// size_t max_entries, uint32_t flags, size_t entry_size)` (behind the inline
+    /// `ibv_query_gid_table`): the number of valid entries written, or a negative errno value.
+    #[symver = "IBVERBS_1.11"]
+    fn _ibv_query_gid_table(
+        context: *mut ibv_context,
+        entries: *mut ibv_gid_entry,
+        max_entries: usize,
+        flags: u32,
+        entry_size: usize,
+    ) -> isize {
+        match query_gid_table(context, entries, max_entries, flags, entry_size) {
+            Ok(n) => isize::try_from(n).unwrap_or(isize::MAX),
+            Err(e) => -(ret_errno(Err(e)) as isize),
+        }
+    }
+
     /// `int ibv_query_gid_type(struct ibv_context *, uint8_t, unsigned int index,
     /// enum ibv_gid_type_sysfs *type)` (IBVERBS_PRIVATE_34, used by ibv_devinfo): the sysfs
     /// numbering, 0 = "IB/RoCE v1", 1 = "RoCE v2"; an empty entry reads as 0. 0, or -1 and
@@ -409,6 +479,7 @@ c_fn! {
 mod tests {
     use super::*;
     use crate::device::current_devices;
+    use std::ffi::CStr;
 
     fn open_first() -> Option<*mut ibv_context> {
         let dev = current_devices().unwrap().into_iter().next()?;
@@ -474,6 +545,105 @@ mod tests {
             assert_eq!(ibv_close_device(ctx), -1, "double close is detected");
             let mut attr = ibv_device_attr::zeroed();
             assert_eq!(ibv_query_device(ctx, &mut attr), libc::EINVAL);
+        }
+    }
+
+    #[test]
+    fn a_roce_device_looks_like_rxe() {
+        let Some(dev) = current_devices()
+            .unwrap()
+            .into_iter()
+            .find(|d| d.info().name == "rxe_lo")
+        else {
+            return; // no rxe_lo in this environment's device list
+        };
+        // SAFETY: `dev` is a device of this library; every out-pointer below is a valid local.
+        unsafe {
+            assert_eq!((*dev.as_ptr()).node_type, crate::abi::IBV_NODE_CA);
+            assert_eq!((*dev.as_ptr()).transport_type, crate::abi::IBV_TRANSPORT_IB);
+            let ctx = ibv_open_device(dev.as_ptr());
+            assert!(!ctx.is_null());
+            let mut attr = ibv_device_attr::zeroed();
+            assert_eq!(ibv_query_device(ctx, &mut attr), 0);
+            assert_eq!((attr.vendor_id, attr.vendor_part_id), (0xff_ffff, 0));
+            assert_eq!(attr.atomic_cap, 1, "IBV_ATOMIC_HCA");
+            assert!(attr.max_ah > 0 && attr.max_mcast_grp > 0);
+
+            let mut port = ibv_port_attr::zeroed();
+            assert_eq!(vctx_query_port(ctx, 1, &mut port, size_of::<ibv_port_attr>()), 0);
+            assert_eq!(port.link_layer, 2, "Ethernet");
+            assert_eq!(port.state, 4, "ACTIVE");
+            assert_eq!(port.active_mtu, 5, "4096 on lo");
+            assert_eq!(port.pkey_tbl_len, 1);
+            assert!(port.gid_tbl_len >= 1);
+
+            let mut gid = ibv_gid { raw: [0; 16] };
+            assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+            assert_eq!(
+                std::net::Ipv6Addr::from(gid.raw).to_string(),
+                "::ffff:127.0.0.1",
+                "ibv_rc_pingpong -g 0 gets the IPv4-mapped GID"
+            );
+            let mut entry = ibv_gid_entry::zeroed();
+            assert_eq!(_ibv_query_gid_ex(ctx, 1, 0, &mut entry, 0, 32), 0);
+            assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+            assert_eq!(entry.ndev_ifindex, dev.info().ifindex);
+            let mut ty = 9;
+            assert_eq!(ibv_query_gid_type(ctx, 1, 0, &mut ty), 0);
+            assert_eq!(ty, IBV_GID_TYPE_SYSFS_ROCE_V2);
+
+            let len = usize::try_from(port.gid_tbl_len).unwrap();
+            let mut table: Vec<ibv_gid_entry> = (0..=len).map(|_| ibv_gid_entry::zeroed()).collect();
+            let n = _ibv_query_gid_table(ctx, table.as_mut_ptr(), table.len(), 0, 32);
+            assert_eq!(n, isize::try_from(len).unwrap());
+            assert_eq!(table[0].gid.raw, gid.raw);
+            assert!(table[..len]
+                .iter()
+                .all(|e| e.gid_type == IBV_GID_TYPE_ROCE_V2 && e.port_num == 1));
+            if len > 1 {
+                assert_eq!(
+                    _ibv_query_gid_table(ctx, table.as_mut_ptr(), 1, 0, 32),
+                    -(libc::EINVAL as isize)
+                );
+            }
+            assert_eq!(
+                _ibv_query_gid_table(ctx, table.as_mut_ptr(), 1, 1, 32),
+                -(libc::EINVAL as isize)
+            );
+
+            let mut pkey = 0;
+            assert_eq!(ibv_query_pkey(ctx, 1, 0, &mut pkey), 0);
+            assert_eq!(u16::from_be(pkey), 0xffff);
+            assert_eq!(ibv_query_pkey(ctx, 1, 1, &mut pkey), -1);
+
+            // The emulated sysfs answers below the device's ibdev_path.
+            let dir = CStr::from_ptr((*dev.as_ptr()).ibdev_path.as_ptr());
+            let mut buf = [0 as std::ffi::c_char; 64];
+            let n = crate::sysfs::ibv_read_sysfs_file(
+                dir.as_ptr(),
+                c"ports/1/gid_attrs/types/0".as_ptr(),
+                buf.as_mut_ptr(),
+                64,
+            );
+            assert_eq!(n, 7);
+            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_bytes(), b"RoCE v2");
+            let n = crate::sysfs::ibv_read_sysfs_file(
+                dir.as_ptr(),
+                c"ports/1/gid_attrs/ndevs/0".as_ptr(),
+                buf.as_mut_ptr(),
+                64,
+            );
+            assert_eq!(n, 2);
+            assert_eq!(CStr::from_ptr(buf.as_ptr()).to_bytes(), b"lo");
+            let n =
+                crate::sysfs::ibv_read_sysfs_file(dir.as_ptr(), c"ports/1/link_layer".as_ptr(), buf.as_mut_ptr(), 64);
+            assert_eq!(n, 8);
+            assert_eq!(
+                crate::sysfs::ibv_read_sysfs_file(dir.as_ptr(), c"board_id".as_ptr(), buf.as_mut_ptr(), 64),
+                -1
+            );
+
+            assert_eq!(ibv_close_device(ctx), 0);
         }
     }
 

@@ -5,12 +5,14 @@
 //! Each callback casts the object pointer straight to its soft object (no registry lookup),
 //! converts the C work requests of the `next` chain, and posts them in one call. On failure
 //! `*bad_wr` names the first WR that was not posted and the return value is the errno value
-//! (not -1), as rdma-core's providers do; the WRs before it are posted.
+//! (not -1), as rdma-core's providers do; the WRs before it are posted. A UD send WR must name
+//! a live AH of the QP's PD in `wr.ud.ah` (its attributes are copied into the WR).
 
 use std::ffi::c_int;
 use std::ptr;
 
 use softrdma_verbs::wr::{RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+use softrdma_verbs::QpType;
 
 use crate::abi::{ibv_context_ops, ibv_cq, ibv_qp, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_srq, ibv_wc};
 use crate::error::{ret_errno, write_out, CError, CResult};
@@ -43,7 +45,7 @@ fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         wc_flags: w.wc_flags,
-        pkey_index: 0,
+        pkey_index: w.pkey_index,
         slid: 0,
         sl: 0,
         dlid_path_bits: 0,
@@ -97,12 +99,12 @@ unsafe fn sges(sg_list: *const ibv_sge, num_sge: c_int) -> CResult<Vec<Sge>> {
         .collect())
 }
 
-/// One C send WR as a verbs WR. Only the fields its opcode uses are read (applications leave
-/// the others uninitialised).
+/// One C send WR as a verbs WR for `qp`. Only the fields its opcode (and, for UD, the QP type)
+/// uses are read (applications leave the others uninitialised).
 ///
 /// # Safety
 /// `wr` points to a readable `struct ibv_send_wr` whose SG list is readable.
-unsafe fn send_wr_from_c(wr: *const ibv_send_wr) -> CResult<SendWr> {
+unsafe fn send_wr_from_c(wr: *const ibv_send_wr, qp: &SoftQp) -> CResult<SendWr> {
     // SAFETY: per the contract; plain field reads.
     let (wr_id, sg_list, num_sge, opcode, flags) = unsafe {
         (
@@ -134,8 +136,18 @@ unsafe fn send_wr_from_c(wr: *const ibv_send_wr) -> CResult<SendWr> {
             let atomic = unsafe { (*wr).wr.atomic };
             out.remote_addr = atomic.remote_addr;
             out.rkey = atomic.rkey;
+            out.compare_add = atomic.compare_add;
+            out.swap = atomic.swap;
         }
         _ => {}
+    }
+    let inner = qp.qp.inner();
+    if inner.qp_type == QpType::Ud {
+        // SAFETY: a send WR on a UD QP uses the `wr.ud` member of the union.
+        let ud = unsafe { (*wr).wr.ud };
+        let dest = crate::ah::ud_dest(ud.ah, inner.pd.id(), ud.remote_qpn, ud.remote_qkey)
+            .map_err(|why| CError::inval(format!("post_send on QP {}: WR {wr_id:#x}: {why}", inner.qpn)))?;
+        out.ud = Some(dest);
     }
     match op {
         // SAFETY: these opcodes carry `imm_data` (big-endian, passed through unchanged).
@@ -194,9 +206,9 @@ fn send_next(wr: *mut ibv_send_wr) -> *mut ibv_send_wr {
     unsafe { (*wr).next }
 }
 
-fn send_conv(wr: *mut ibv_send_wr) -> CResult<SendWr> {
+fn send_conv(wr: *mut ibv_send_wr, qp: &SoftQp) -> CResult<SendWr> {
     // SAFETY: `wr` is a readable element of the caller's chain, with readable SGEs (C contract).
-    unsafe { send_wr_from_c(wr) }
+    unsafe { send_wr_from_c(wr, qp) }
 }
 
 fn recv_wr_from_c(wr: *mut ibv_recv_wr) -> CResult<RecvWr> {
@@ -237,7 +249,7 @@ c_fn! {
     fn ibv_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
         // SAFETY: the inline ibv_post_send already dereferenced `qp`, one of our QPs.
         let qp = unsafe { &*qp.cast::<SoftQp>() };
-        let (ptrs, wrs, conv_err) = walk(wr, send_next, send_conv);
+        let (ptrs, wrs, conv_err) = walk(wr, send_next, |w| send_conv(w, qp));
         finish(&ptrs, &wrs, conv_err, bad_wr, |w| {
             // SAFETY: inline SGEs point at memory the caller keeps readable during the call
             // (IBV_SEND_INLINE contract).

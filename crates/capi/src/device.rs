@@ -14,7 +14,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use softrdma_verbs::device::{list_devices, DeviceInfo, TransportKind};
 
 use crate::abi::{
-    _ibv_device_ops, ibv_device, IBV_NODE_RNIC, IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX, IBV_TRANSPORT_IWARP,
+    _ibv_device_ops, ibv_device, IBV_NODE_CA, IBV_NODE_RNIC, IBV_SYSFS_NAME_MAX, IBV_SYSFS_PATH_MAX, IBV_TRANSPORT_IB,
+    IBV_TRANSPORT_IWARP,
 };
 use crate::error::{non_null, ret_or, ret_ptr, write_out, CError, CResult};
 
@@ -34,10 +35,12 @@ fn registry() -> MutexGuard<'static, Vec<&'static SoftDevice>> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// `(node_type, transport_type)` of a transport, as the kernel reports them.
+/// `(node_type, transport_type)` of a transport, as the kernel reports them: an iWARP RNIC,
+/// or (RoCE, like rxe) an InfiniBand CA.
 fn node_and_transport(t: TransportKind) -> (c_int, c_int) {
     match t {
         TransportKind::Iwarp => (IBV_NODE_RNIC, IBV_TRANSPORT_IWARP),
+        TransportKind::Roce => (IBV_NODE_CA, IBV_TRANSPORT_IB),
     }
 }
 
@@ -94,6 +97,24 @@ impl SoftDevice {
     fn name(&self) -> &[c_char] {
         &self.ibv.name
     }
+
+    /// `ibdev_path` (`/sys/class/infiniband/<name>`) as bytes, without the NUL.
+    fn ibdev_path(&self) -> impl Iterator<Item = u8> + '_ {
+        self.ibv.ibdev_path.iter().take_while(|&&c| c != 0).map(|&c| c as u8)
+    }
+}
+
+/// The device whose `ibdev_path` is `dir` (trailing slashes ignored), among the devices this
+/// process has seen: the emulated sysfs answers for it.
+pub(crate) fn by_ibdev_path(dir: &[u8]) -> Option<&'static SoftDevice> {
+    let dir = match dir.iter().rposition(|&b| b != b'/') {
+        Some(last) => &dir[..=last],
+        None => return None,
+    };
+    registry()
+        .iter()
+        .copied()
+        .find(|d| d.ibdev_path().eq(dir.iter().copied()))
 }
 
 /// The devices present now, in the verbs crate's order, creating objects for new ones.

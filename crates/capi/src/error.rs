@@ -223,6 +223,7 @@ impl<T> PanicValue for *const T {
 /// panic into the function's failure value with `errno = EIO` (the panic hook has already
 /// printed the panic message).
 pub(crate) fn guard<R: PanicValue>(name: &'static str, body: impl FnOnce() -> R) -> R {
+    init_logging();
     let outer = CURRENT.with(|c| c.replace(name));
     let result = catch_unwind(AssertUnwindSafe(body));
     CURRENT.with(|c| c.set(outer));
@@ -252,6 +253,21 @@ pub(crate) fn non_null<T>(p: *const T, what: &str) -> CResult<()> {
         return Err(CError::inval(format!("{what} is NULL")));
     }
     Ok(())
+}
+
+/// `SOFTRDMA_LOG=<filter>` (tracing's env-filter syntax, e.g. `debug` or `softrdma_roce=debug`)
+/// prints the library's diagnostics to stderr. Installed once, on the first call into the
+/// library; a host application that installed its own subscriber keeps it.
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = std::env::var("SOFTRDMA_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
 }
 
 #[cfg(test)]

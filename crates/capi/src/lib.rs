@@ -6,19 +6,23 @@
 //! Layout of the crate:
 //! - [`abi`]: `#[repr(C)]` mirrors of the rdma-core 44 structs, with layout checks.
 //! - [`error`]: the only place where failures become return values and `errno`; the panic guard.
-//! - `device`, `context`, `strings`, `sysfs`: the device list, open/close, query
-//!   device/port/GID/P_Key, string helpers.
+//! - `device`, `context`, `strings`, `sysfs`: the device list (soft-iWARP `siw_*` devices are
+//!   RNIC/iWARP, soft-RoCE `rxe_*` devices CA/InfiniBand as Linux rxe), open/close, query
+//!   device/port/GID/P_Key, string helpers, and the emulated sysfs tree of each device.
 //! - `objects`: PDs, MRs, completion channels, CQs, QPs and SRQs. Each is a `#[repr(C)]`
 //!   struct whose first field is the C header (const-asserted at offset 0), created with
 //!   `Box::into_raw` and freed only by its destroy call.
+//! - `ah`: address handles (`ibv_create_ah`, `ibv_create_ah_from_wc`, `ibv_init_ah_from_wc`)
+//!   and QP multicast (`ibv_attach_mcast` / `ibv_detach_mcast`); RoCE devices only.
 //! - `datapath`: the `ibv_context.ops` callbacks (poll, notify, post send/recv/SRQ recv) the
-//!   headers' inline functions call; they cast the object pointer, no lookup.
+//!   headers' inline functions call; they cast the object pointer, no lookup (except the AH
+//!   of a UD send WR, which is checked against the live AHs).
 //! - `cm`, `addrinfo`: librdmacm over `softrdma-cm` (event channels, ids, events,
 //!   `rdma_create_ep`/`rdma_get_request`, `rdma_getaddrinfo`, `rpoll`).
 //! - `vendor_dv`: `mlx5dv_*` / `efadv_*`, which fail with EOPNOTSUPP as the real providers do
 //!   for a device that is not theirs.
-//! - `unimplemented_abi`: every other imported symbol (address handles, multicast, rsockets),
-//!   failing with ENOSYS until a later slice implements it.
+//! - `unimplemented_abi`: every other imported symbol (CM multicast, rsockets), failing with
+//!   ENOSYS until a later slice implements it.
 //!
 //! Every exported function is declared with [`c_fn!`], which wraps its body in
 //! [`error::guard`] (no panic crosses `extern "C"`) and gives it its real symbol version
@@ -62,6 +66,7 @@ macro_rules! c_fn {
 
 pub mod abi;
 mod addrinfo;
+mod ah;
 mod cm;
 mod context;
 mod datapath;

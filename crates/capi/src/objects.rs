@@ -555,10 +555,11 @@ fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> CResult<*mut ibv_qp
     // SAFETY: non-NULL; the caller's struct ibv_qp_init_attr (in/out).
     let attr = unsafe { &mut *attr };
     let init = qp_init_from_c(attr)?;
-    let rules = match pd.pd.context().device().transport {
-        TransportKind::Iwarp => AttrRules::Iwarp,
+    let qp = match pd.pd.context().device().transport {
+        TransportKind::Iwarp => Qp::new(&pd.pd, init, AttrRules::Iwarp)?,
+        // The RoCE driver owns the QP number space and starts the QP's engine at RTR.
+        TransportKind::Roce => softrdma_roce::driver::create_qp(&pd.pd, init)?,
     };
-    let qp = Qp::new(&pd.pd, init, rules)?;
     Ok(wrap_qp(qp, pd, attr))
 }
 
@@ -596,7 +597,8 @@ macro_rules! masked {
     };
 }
 
-fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
+/// The verbs address vector of a C `struct ibv_ah_attr`.
+pub(crate) fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         // SAFETY: every bit pattern is a valid `raw` view of the GID union.
         dgid: unsafe { a.grh.dgid.raw },
@@ -611,7 +613,8 @@ fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
-fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
+/// The C `struct ibv_ah_attr` of a verbs address vector.
+pub(crate) fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
             dgid: ibv_gid { raw: a.dgid },
@@ -673,13 +676,14 @@ fn modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> CResult<()>
     let a = unsafe { qp_attr_from_c(attr, mask) };
     // A QP named by conn_param.qp_num is brought to RTS by its iWARP connection before the
     // application's own INIT/RTR/RTS steps (rping -q after CONNECT_RESPONSE): those steps then
-    // have nothing left to do.
+    // have nothing left to do. iWARP only: a RoCE QP follows every modify_qp.
+    let iwarp = qp.qp.inner().rules == AttrRules::Iwarp;
     let connected = qp.qp.state() == softrdma_verbs::QpState::Rts && qp.qp.inner().driver().is_some();
     let toward_rts = matches!(
         a.qp_state,
         Some(softrdma_verbs::QpState::Init | softrdma_verbs::QpState::Rtr | softrdma_verbs::QpState::Rts)
     );
-    if connected && toward_rts && qp.qp.inner().rules == softrdma_verbs::qp_state::AttrRules::Iwarp {
+    if iwarp && connected && toward_rts {
         qp.sync_state();
         return Ok(());
     }
@@ -812,7 +816,9 @@ c_fn! {
     }
 
     /// `struct ibv_qp *ibv_create_qp(struct ibv_pd *, struct ibv_qp_init_attr *)`: writes the
-    /// granted sizes back into `qp_init_attr->cap`. An iWARP QP connects only through the CM.
+    /// granted sizes back into `qp_init_attr->cap`. An iWARP QP (RC only) connects only
+    /// through the CM; a RoCE QP (RC, UC or UD) is made by the RoCE driver and is driven by
+    /// `ibv_modify_qp` (RTR starts its engine).
     #[symver = "IBVERBS_1.1"]
     fn ibv_create_qp(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
         ret_ptr(create_qp(pd, qp_init_attr))

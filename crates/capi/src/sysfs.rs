@@ -2,16 +2,102 @@
 //!
 //! Implemented with rdma-core's semantics (it is a plain file read): one `read` of at most
 //! `size` bytes, a trailing newline replaced by NUL, otherwise NUL-terminated if there is room,
-//! and a failure if the contents fill the buffer without room for the NUL. softrdma devices
-//! have no sysfs directory (their `ibdev_path` does not exist), so reads through a device path
-//! fail with ENOENT, which callers such as ibv_devinfo (`board_id`) treat as "absent".
+//! and a failure if the contents fill the buffer without room for the NUL.
+//!
+//! softrdma devices have no sysfs directory (their `ibdev_path`,
+//! `/sys/class/infiniband/<name>`, does not exist). Reads below a device's `ibdev_path` are
+//! answered from an emulated tree instead, with the kernel's formats (see [`emulated`]): the
+//! node type and GUIDs, and port 1's state, link layer, GIDs with their `gid_attrs` (type and
+//! netdev) and P_Keys. Any other file fails with ENOENT, which callers such as ibv_devinfo
+//! (`board_id`) treat as "absent".
 
 use std::ffi::{c_char, c_int, CStr, OsStr};
 use std::io::Read as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 
+use softrdma_verbs::device::{format_guid, DeviceInfo, PortState, TransportKind};
+
+use crate::device::by_ibdev_path;
 use crate::error::{non_null, ret_neg1, CError, CResult};
+
+/// The contents of `file` (relative to the device directory) in the emulated sysfs tree of
+/// `dev`, without the trailing newline; ENOENT for a file the tree does not have, EINVAL for
+/// a `gid_attrs` file of an empty GID slot (as the kernel).
+pub(crate) fn emulated(dev: &DeviceInfo, file: &str) -> CResult<String> {
+    let enoent = || CError::new(libc::ENOENT, format!("{}: no emulated sysfs file {file}", dev.name));
+    let file = file.trim_start_matches('/');
+    let port = dev.port_attr();
+    let attr = dev.attr();
+    let index = |s: &str| s.parse::<usize>().ok().filter(|i| s == i.to_string());
+    let gid_slot = |s: &str| index(s).filter(|&i| i < usize::try_from(port.gid_tbl_len).unwrap_or(0));
+    let text = match file {
+        "node_type" => match dev.transport {
+            TransportKind::Iwarp => "4: RNIC".to_owned(),
+            TransportKind::Roce => "1: CA".to_owned(),
+        },
+        "node_guid" => format_guid(attr.node_guid),
+        "sys_image_guid" => format_guid(attr.sys_image_guid),
+        "fw_ver" => attr.fw_ver,
+        "ports/1/link_layer" => "Ethernet".to_owned(),
+        "ports/1/state" => format!("{}: {}", port.state as u8, port.state),
+        "ports/1/phys_state" => match port.state {
+            PortState::Active => format!("{}: LinkUp", port.phys_state),
+            _ => format!("{}: Disabled", port.phys_state),
+        },
+        "ports/1/lid" => format!("{:#x}", port.lid),
+        "ports/1/sm_lid" => format!("{:#x}", port.sm_lid),
+        "ports/1/lid_mask_count" => port.lmc.to_string(),
+        "ports/1/cap_mask" => format!("0x{:08x}", port.port_cap_flags),
+        _ => {
+            if let Some(i) = file.strip_prefix("ports/1/gids/").and_then(gid_slot) {
+                dev.gid(i).unwrap_or_default().to_string()
+            } else if let Some(i) = file.strip_prefix("ports/1/gid_attrs/types/").and_then(gid_slot) {
+                let ty = dev
+                    .gid_type(i)
+                    .ok_or_else(|| CError::inval(format!("GID {i} is empty")))?;
+                ty.sysfs_str().to_owned()
+            } else if let Some(i) = file.strip_prefix("ports/1/gid_attrs/ndevs/").and_then(gid_slot) {
+                dev.gid(i).ok_or_else(|| CError::inval(format!("GID {i} is empty")))?;
+                dev.netdev.clone()
+            } else if let Some(i) = file.strip_prefix("ports/1/pkeys/").and_then(index) {
+                if i >= usize::from(port.pkey_tbl_len) {
+                    return Err(enoent());
+                }
+                "0xffff".to_owned()
+            } else {
+                return Err(enoent());
+            }
+        }
+    };
+    Ok(text)
+}
+
+/// Copies `text` plus a newline into `buf` as one `read` of a file with that content would,
+/// with [`read_sysfs_file`]'s NUL handling; the number of bytes without the newline.
+fn copy_emulated(text: &str, buf: &mut [u8]) -> CResult<c_int> {
+    let content = format!("{text}\n");
+    let limit = buf.len().min(c_int::MAX as usize);
+    let n = content.len().min(limit);
+    buf[..n].copy_from_slice(&content.as_bytes()[..n]);
+    terminate(buf, n)
+}
+
+/// rdma-core's handling of `len` bytes read into `buf`: a trailing newline becomes NUL,
+/// otherwise a NUL is appended if there is room; EOVERFLOW if there is none.
+fn terminate(buf: &mut [u8], mut len: usize) -> CResult<c_int> {
+    if len > 0 {
+        if buf[len - 1] == b'\n' {
+            len -= 1;
+            buf[len] = 0;
+        } else if len < buf.len() {
+            buf[len] = 0;
+        } else {
+            return Err(CError::new(libc::EOVERFLOW, "contents do not fit with a NUL"));
+        }
+    }
+    Ok(c_int::try_from(len).unwrap_or(c_int::MAX))
+}
 
 fn read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, size: usize) -> CResult<c_int> {
     non_null(dir, "dir")?;
@@ -23,19 +109,13 @@ fn read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, si
     path.push(OsStr::from_bytes(file.to_bytes()));
     // SAFETY: `buf` is writable for `size` bytes (C contract).
     let buf = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) };
-    let limit = size.min(c_int::MAX as usize);
-    let mut len = std::fs::File::open(&path)?.read(&mut buf[..limit])?;
-    if len > 0 {
-        if buf[len - 1] == b'\n' {
-            len -= 1;
-            buf[len] = 0;
-        } else if len < size {
-            buf[len] = 0;
-        } else {
-            return Err(CError::new(libc::EOVERFLOW, "contents do not fit with a NUL"));
-        }
+    if let Some(dev) = by_ibdev_path(dir.to_bytes()) {
+        let text = emulated(&dev.info(), &String::from_utf8_lossy(file.to_bytes()))?;
+        return copy_emulated(&text, buf);
     }
-    Ok(c_int::try_from(len).unwrap_or(c_int::MAX))
+    let limit = size.min(c_int::MAX as usize);
+    let len = std::fs::File::open(&path)?.read(&mut buf[..limit])?;
+    terminate(buf, len)
 }
 
 c_fn! {
@@ -73,5 +153,83 @@ mod tests {
         assert_eq!(read(&d, c"missing", 8).0, -1);
         assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOENT));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn rxe_lo() -> DeviceInfo {
+        use softrdma_verbs::device::IfAddr;
+        let addr = |ip: &str| IfAddr {
+            ip: ip.parse().unwrap(),
+            prefix_len: 8,
+            scope_id: 0,
+        };
+        DeviceInfo {
+            name: "rxe_lo".into(),
+            transport: TransportKind::Roce,
+            netdev: "lo".into(),
+            ifindex: 1,
+            loopback: true,
+            addrs: vec![addr("127.0.0.1"), addr("::1")],
+            mtu: 65536,
+            mac: [0; 6],
+            speed_mbps: None,
+            port_state: PortState::Active,
+            loopback_reason: None,
+            is_loopback_netdev: true,
+        }
+    }
+
+    #[test]
+    fn emulated_tree_of_a_roce_device() {
+        let d = rxe_lo();
+        assert_eq!(emulated(&d, "ports/1/gid_attrs/types/0").unwrap(), "RoCE v2");
+        assert_eq!(emulated(&d, "ports/1/gid_attrs/types/1").unwrap(), "RoCE v2");
+        assert_eq!(emulated(&d, "ports/1/gid_attrs/ndevs/0").unwrap(), "lo");
+        assert_eq!(
+            emulated(&d, "ports/1/gids/0").unwrap(),
+            "0000:0000:0000:0000:0000:ffff:7f00:0001"
+        );
+        assert_eq!(emulated(&d, "ports/1/link_layer").unwrap(), "Ethernet");
+        assert_eq!(emulated(&d, "ports/1/state").unwrap(), "4: ACTIVE");
+        assert_eq!(emulated(&d, "ports/1/phys_state").unwrap(), "5: LinkUp");
+        assert_eq!(emulated(&d, "node_type").unwrap(), "1: CA");
+        assert_eq!(emulated(&d, "ports/1/pkeys/0").unwrap(), "0xffff");
+        let errno = |f: &str| emulated(&d, f).unwrap_err().errno();
+        assert_eq!(errno("ports/1/gid_attrs/types/2"), libc::ENOENT, "past gid_tbl_len");
+        assert_eq!(errno("ports/1/gid_attrs/types/01"), libc::ENOENT);
+        assert_eq!(errno("ports/1/pkeys/1"), libc::ENOENT);
+        assert_eq!(errno("board_id"), libc::ENOENT);
+        let mut bare = rxe_lo();
+        bare.addrs.clear();
+        assert_eq!(
+            emulated(&bare, "ports/1/gid_attrs/types/0").unwrap_err().errno(),
+            libc::EINVAL
+        );
+        assert_eq!(
+            emulated(&bare, "ports/1/gids/0").unwrap(),
+            "0000:0000:0000:0000:0000:0000:0000:0000"
+        );
+    }
+
+    #[test]
+    fn emulated_tree_of_an_iwarp_device() {
+        let mut d = rxe_lo();
+        d.name = "siw_lo".into();
+        d.transport = TransportKind::Iwarp;
+        assert_eq!(emulated(&d, "node_type").unwrap(), "4: RNIC");
+        assert_eq!(emulated(&d, "ports/1/gid_attrs/types/0").unwrap(), "IB/RoCE v1");
+        assert_eq!(emulated(&d, "ports/1/link_layer").unwrap(), "Ethernet");
+        assert_eq!(emulated(&d, "ports/1/pkeys/0").unwrap_err().errno(), libc::ENOENT);
+    }
+
+    #[test]
+    fn emulated_reads_keep_the_file_semantics() {
+        let mut buf = [0x55u8; 16];
+        assert_eq!(copy_emulated("RoCE v2", &mut buf).unwrap(), 7);
+        assert_eq!(&buf[..8], b"RoCE v2\0");
+        let mut small = [0x55u8; 4];
+        assert_eq!(
+            copy_emulated("RoCE v2", &mut small).unwrap_err().errno(),
+            libc::EOVERFLOW
+        );
     }
 }

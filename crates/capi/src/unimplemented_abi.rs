@@ -4,7 +4,6 @@
 //! Each has its real C signature and fails with the C convention of the real function and
 //! `errno = ENOSYS`, printing `softrdma: NAME is not implemented yet (ENOSYS)` once per process
 //! (see [`not_implemented_here`]). Nothing here pretends to succeed. What is left:
-//! - address handles and multicast (UD QPs; they need the RoCE device);
 //! - CM multicast (`rdma_join_multicast_ex`, `rdma_leave_multicast`);
 //! - rsockets (`r*`; `rpoll` is implemented in `cm.rs` for ordinary fds).
 
@@ -12,43 +11,8 @@ use std::ffi::{c_int, c_long, c_void};
 
 use libc::{off_t, sockaddr, socklen_t};
 
-use crate::abi::{ibv_ah, ibv_ah_attr, ibv_gid, ibv_grh, ibv_pd, ibv_qp, ibv_wc, rdma_cm_id, rdma_cm_join_mc_attr_ex};
-use crate::error::{not_implemented_here, ret_errno, ret_neg1, ret_or, ret_ptr};
-
-// ---- libibverbs ----
-
-c_fn! {
-    /// `struct ibv_ah *ibv_create_ah(struct ibv_pd *, struct ibv_ah_attr *)`.
-    #[symver = "IBVERBS_1.1"]
-    fn ibv_create_ah(_pd: *mut ibv_pd, _attr: *mut ibv_ah_attr) -> *mut ibv_ah {
-        ret_ptr(Err(not_implemented_here()))
-    }
-
-    /// `struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *, struct ibv_wc *,
-    /// struct ibv_grh *, uint8_t port_num)`.
-    #[symver = "IBVERBS_1.1"]
-    fn ibv_create_ah_from_wc(_pd: *mut ibv_pd, _wc: *mut ibv_wc, _grh: *mut ibv_grh, _port_num: u8) -> *mut ibv_ah {
-        ret_ptr(Err(not_implemented_here()))
-    }
-
-    /// `int ibv_destroy_ah(struct ibv_ah *)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
-    fn ibv_destroy_ah(_ah: *mut ibv_ah) -> c_int {
-        ret_errno(Err(not_implemented_here()))
-    }
-
-    /// `int ibv_attach_mcast(struct ibv_qp *, const union ibv_gid *, uint16_t lid)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
-    fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-        ret_errno(Err(not_implemented_here()))
-    }
-
-    /// `int ibv_detach_mcast(struct ibv_qp *, const union ibv_gid *, uint16_t lid)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
-    fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-        ret_errno(Err(not_implemented_here()))
-    }
-}
+use crate::abi::{rdma_cm_id, rdma_cm_join_mc_attr_ex};
+use crate::error::{not_implemented_here, ret_neg1, ret_or};
 
 // ---- librdmacm: multicast ----
 

@@ -1,19 +1,23 @@
-//! `softrdma devices [--json]`: list the RDMA devices and their loopback capability.
+//! `softrdma devices [--json] [-v]`: list the RDMA devices (soft-iWARP `siw_*`, soft-RoCE
+//! `rxe_*`) and their loopback capability; `-v` adds each device's GID table with the types.
 
 use std::io::Write;
 
 use clap::Args;
 use serde_json::{json, Value};
-use softrdma_verbs::device::{format_guid, list_devices, DeviceInfo, IfAddr};
+use softrdma_verbs::device::{format_guid, list_devices, DeviceInfo, Gid, GidType, IfAddr};
 
 use crate::CmdResult;
 
 /// Options of `softrdma devices`.
 #[derive(Args)]
 pub struct DevicesArgs {
-    /// Print a JSON array instead of a table.
+    /// Print a JSON array instead of a table (it always includes the GID tables).
     #[arg(long)]
     json: bool,
+    /// After the table, list every device's GIDs with their types.
+    #[arg(short, long)]
+    verbose: bool,
 }
 
 /// Lists the devices on stdout.
@@ -21,6 +25,8 @@ pub fn run(args: &DevicesArgs) -> CmdResult {
     let devices = list_devices()?;
     let mut out = if args.json {
         serde_json::to_string_pretty(&Value::Array(devices.iter().map(to_json).collect()))?
+    } else if args.verbose {
+        format!("{}\n\n{}", table(&devices), gid_tables(&devices))
     } else {
         table(&devices)
     };
@@ -52,6 +58,40 @@ fn loopback_cell(dev: &DeviceInfo) -> String {
     }
 }
 
+/// A GID as `ibv_devinfo -v` prints it: the IPv6 text for a RoCE v2 GID (`::ffff:127.0.0.1`),
+/// eight hex groups otherwise.
+fn gid_string(gid: Gid, ty: GidType) -> String {
+    match ty {
+        GidType::RoceV2 => std::net::Ipv6Addr::from(gid.0).to_string(),
+        GidType::Ib | GidType::RoceV1 => gid.to_string(),
+    }
+}
+
+/// `(index, GID text, type)` of every GID of `dev`.
+fn gid_rows(dev: &DeviceInfo) -> Vec<(usize, String, GidType)> {
+    dev.gids()
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, g)| dev.gid_type(i).map(|t| (i, gid_string(g, t), t)))
+        .collect()
+}
+
+/// The verbose section: one line per GID, `rxe_lo  GID[0]  ::ffff:127.0.0.1  RoCE v2`.
+fn gid_tables(devices: &[DeviceInfo]) -> String {
+    let width = devices.iter().map(|d| d.name.len()).max().unwrap_or(0);
+    let mut lines = Vec::new();
+    for d in devices {
+        let rows = gid_rows(d);
+        if rows.is_empty() {
+            lines.push(format!("{:<width$}  no GIDs (the netdev has no address)", d.name));
+        }
+        for (i, text, ty) in rows {
+            lines.push(format!("{:<width$}  GID[{i}]  {text}  {ty}", d.name));
+        }
+    }
+    lines.join("\n")
+}
+
 fn to_json(dev: &DeviceInfo) -> Value {
     json!({
         "name": dev.name,
@@ -65,6 +105,10 @@ fn to_json(dev: &DeviceInfo) -> Value {
         "loopback_reason": dev.loopback_reason,
         "node_guid": format_guid(dev.node_guid()),
         "gid0": dev.gid(0).map(|g| g.to_string()),
+        "gids": gid_rows(dev)
+            .into_iter()
+            .map(|(i, gid, ty)| json!({ "index": i, "gid": gid, "type": ty.as_str() }))
+            .collect::<Vec<Value>>(),
     })
 }
 
@@ -114,7 +158,11 @@ mod tests {
     fn dev(name: &str, loopback: bool) -> DeviceInfo {
         DeviceInfo {
             name: name.into(),
-            transport: TransportKind::Iwarp,
+            transport: if name.starts_with("rxe") {
+                TransportKind::Roce
+            } else {
+                TransportKind::Iwarp
+            },
             netdev: "eth0".into(),
             ifindex: 2,
             loopback,
@@ -165,11 +213,37 @@ mod tests {
             "loopback_reason",
             "node_guid",
             "gid0",
+            "gids",
         ] {
             assert!(v.get(key).is_some(), "missing {key}");
         }
         assert_eq!(v["loopback_reason"], Value::Null);
         assert_eq!(v["node_guid"], "0000:00ff:fe00:0001");
         assert_eq!(v["gid0"], "0200:0000:0001:0000:0000:0000:0000:0000");
+        assert_eq!(v["gids"][0]["type"], "IB");
+    }
+
+    #[test]
+    fn roce_devices_list_their_gids_with_types() {
+        let d = dev("rxe_eth0", true);
+        let v = to_json(&d);
+        assert_eq!(v["transport"], "roce");
+        assert_eq!(v["gids"][0]["gid"], "::ffff:198.18.0.1");
+        assert_eq!(v["gids"][0]["type"], "RoCE v2");
+        assert_eq!(v["gids"][1]["gid"], "fe80::1");
+        let text = gid_tables(&[dev("siw_eth0", true), d]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(
+            lines[0],
+            "siw_eth0  GID[0]  0200:0000:0001:0000:0000:0000:0000:0000  IB"
+        );
+        assert_eq!(lines[1], "rxe_eth0  GID[0]  ::ffff:198.18.0.1  RoCE v2");
+        assert_eq!(lines[2], "rxe_eth0  GID[1]  fe80::1  RoCE v2");
+        assert!(table(&[dev("rxe_eth0", true)])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(" roce "));
     }
 }

@@ -6,8 +6,17 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn softrdma(config: Option<&PathBuf>, args: &[&str]) -> Output {
+    softrdma_env(config, None, args)
+}
+
+/// Runs `softrdma ARGS` with `SOFTRDMA_CONFIG` and `SOFTRDMA_TRANSPORTS` set or removed.
+fn softrdma_env(config: Option<&PathBuf>, transports: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
     cmd.args(args).env_remove("RUST_LOG");
+    match transports {
+        Some(t) => cmd.env("SOFTRDMA_TRANSPORTS", t),
+        None => cmd.env_remove("SOFTRDMA_TRANSPORTS"),
+    };
     match config {
         Some(path) => cmd.env("SOFTRDMA_CONFIG", path),
         None => cmd.env_remove("SOFTRDMA_CONFIG"),
@@ -63,6 +72,62 @@ fn default_list_has_siw_lo_with_loopback() {
     assert_eq!(lo["gid0"].as_str().map(str::len), Some(39));
     assert_eq!(lo["node_guid"].as_str().map(str::len), Some(19));
     assert_eq!(devices[0]["name"], "siw_lo", "lo comes first");
+}
+
+#[test]
+fn default_list_has_rxe_lo_after_siw_lo() {
+    let devices = json_devices(&softrdma(None, &["devices", "--json"]));
+    assert_eq!(devices[1]["name"], "rxe_lo", "siw then rxe per interface: {devices:?}");
+    let rxe = &devices[1];
+    assert_eq!(rxe["transport"], "roce");
+    assert_eq!(rxe["netdev"], "lo");
+    assert_eq!(rxe["loopback"], true);
+    assert_eq!(rxe["port_state"], "ACTIVE");
+    assert_eq!(rxe["gids"][0]["gid"], "::ffff:127.0.0.1");
+    assert_eq!(rxe["gids"][0]["type"], "RoCE v2");
+    assert_eq!(rxe["gid0"], "0000:0000:0000:0000:0000:ffff:7f00:0001");
+    assert_ne!(rxe["node_guid"], devices[0]["node_guid"]);
+    // Every interface has one device per transport, siw first.
+    for pair in devices.chunks(2) {
+        assert_eq!(pair.len(), 2, "{devices:?}");
+        assert_eq!(pair[0]["transport"], "iwarp");
+        assert_eq!(pair[1]["transport"], "roce");
+        assert_eq!(pair[0]["netdev"], pair[1]["netdev"]);
+    }
+}
+
+#[test]
+fn verbose_table_lists_gids_with_types() {
+    let out = softrdma(None, &["devices", "-v"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("rxe_lo ") && l.contains("GID[0]"))
+        .unwrap_or_else(|| panic!("no rxe_lo GID[0] line:\n{text}"));
+    assert!(line.ends_with("::ffff:127.0.0.1  RoCE v2"), "{line}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("siw_lo ") && l.contains("GID[0]") && l.ends_with("  IB")),
+        "{text}"
+    );
+}
+
+#[test]
+fn transports_variable_filters_and_orders() {
+    let devices = json_devices(&softrdma_env(None, Some("roce"), &["devices", "--json"]));
+    assert!(!devices.is_empty());
+    assert_eq!(devices[0]["name"], "rxe_lo");
+    assert!(devices.iter().all(|d| d["transport"] == "roce"), "{devices:?}");
+    let devices = json_devices(&softrdma_env(None, Some("roce,iwarp"), &["devices", "--json"]));
+    assert_eq!(devices[0]["name"], "rxe_lo");
+    assert_eq!(devices[1]["name"], "siw_lo");
+    let out = softrdma_env(None, Some("roce,ib"), &["devices"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("SOFTRDMA_TRANSPORTS=\"roce,ib\""), "{err}");
+    assert!(err.contains("unknown transport \"ib\""), "{err}");
+    assert!(err.contains("iwarp, roce"), "{err}");
 }
 
 #[test]
@@ -128,14 +193,15 @@ fn unknown_netdev_fails_naming_the_line() {
 }
 
 #[test]
-fn roce_is_refused_for_now() {
+fn config_file_can_name_roce_devices() {
     let cfg = TempConfig::new(
         "roce",
         "[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n",
     );
-    let out = softrdma(Some(&cfg.0), &["devices"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("line 1"), "{err}");
-    assert!(err.contains("transport roce is not available yet"), "{err}");
+    // SOFTRDMA_TRANSPORTS does not filter a configured list.
+    let devices = json_devices(&softrdma_env(Some(&cfg.0), Some("iwarp"), &["devices", "--json"]));
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0]["name"], "rxe_lo");
+    assert_eq!(devices[0]["transport"], "roce");
+    assert_eq!(devices[0]["gids"][0]["gid"], "::ffff:127.0.0.1");
 }

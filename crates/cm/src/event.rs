@@ -1,7 +1,7 @@
 //! CM events and the event channel (`rdma_event_channel`): an fd readable while events wait.
 
 use crate::id::{CmId, IdInner};
-use crate::param::ConnParam;
+use crate::param::{ConnParam, UdParam};
 use softrdma_verbs::{Errno, Error, Result};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -91,6 +91,9 @@ pub struct CmEvent {
     pub param: ConnParam,
     /// Human-readable detail (address, device, reason), for errors.
     pub reason: String,
+    /// For UD ids (RDMA_PS_UDP over RoCE): CONNECT_REQUEST and ESTABLISHED carry
+    /// `rdma_cm_event.param.ud` (this, with `param.private_data`) instead of `param.conn`.
+    pub ud: Option<UdParam>,
     acked: bool,
 }
 
@@ -103,6 +106,7 @@ impl CmEvent {
             status,
             param: ConnParam::default(),
             reason: String::new(),
+            ud: None,
             acked: false,
         }
     }

@@ -2,13 +2,14 @@
 
 use crate::addr::{self, Resolution};
 use crate::event::{CmEvent, EventChannel, EventType};
+use crate::ib;
 use crate::options::{CmOption, Options};
-use crate::param::ConnParam;
+use crate::param::{ConnParam, UdParam};
 use crate::state::{CmState, PortSpace};
 use crate::MAX_PRIVATE_DATA;
 use socket2::{Domain, Protocol, Socket, Type};
 use softrdma_iwarp::{ConnEvent, ConnHandle, ConnRequest, ConnectParams, EventSink, Listener};
-use softrdma_verbs::device::{self, DeviceInfo};
+use softrdma_verbs::device::{self, DeviceInfo, TransportKind};
 use softrdma_verbs::qp_state::{attr_mask, AttrRules};
 use softrdma_verbs::{bail, Access, Context, Errno, Error, Pd, Qp, QpAttr, QpInitAttr, QpState, QpType, Result};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -18,28 +19,32 @@ use std::time::Duration;
 /// Largest backlog (`net.rdma_ucm.max_backlog` default).
 pub const MAX_BACKLOG: u32 = 1024;
 
-struct IdState {
-    state: CmState,
-    channel: EventChannel,
-    sync: bool,
-    local: Option<SocketAddr>,
-    peer: Option<SocketAddr>,
-    device: Option<DeviceInfo>,
-    context: Option<Context>,
-    reserved: Option<Socket>,
+pub(crate) struct IdState {
+    pub(crate) state: CmState,
+    pub(crate) channel: EventChannel,
+    pub(crate) sync: bool,
+    pub(crate) local: Option<SocketAddr>,
+    pub(crate) peer: Option<SocketAddr>,
+    pub(crate) device: Option<DeviceInfo>,
+    pub(crate) context: Option<Context>,
+    pub(crate) reserved: Option<Socket>,
     listener: Option<Listener>,
     request: Option<ConnRequest>,
     conn: Option<ConnHandle>,
-    qp: Option<Qp>,
-    opts: Options,
-    unacked: u32,
-    disconnected: bool,
-    req_param: Option<ConnParam>,
+    pub(crate) qp: Option<Qp>,
+    pub(crate) opts: Options,
+    pub(crate) unacked: u32,
+    pub(crate) disconnected: bool,
+    pub(crate) req_param: Option<ConnParam>,
+    /// The IB CM connection or SIDR exchange of an id on a RoCE device.
+    pub(crate) ib: Option<ib::IbHandle>,
+    /// The IB CM listen of a listener that covers RoCE devices.
+    pub(crate) ib_listen: Option<ib::ListenGuard>,
 }
 
 /// Shared state of an id.
 pub struct IdInner {
-    ps: PortSpace,
+    pub(crate) ps: PortSpace,
     st: Mutex<IdState>,
     acked: Condvar,
 }
@@ -82,7 +87,7 @@ fn sync_error(ev: &CmEvent) -> Error {
 }
 
 impl IdInner {
-    fn lock(&self) -> MutexGuard<'_, IdState> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, IdState> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -92,13 +97,26 @@ impl IdInner {
         self.acked.notify_all();
     }
 
-    fn post(
+    pub(crate) fn post(
         self: &Arc<Self>,
         event: EventType,
         status: i32,
         param: ConnParam,
         reason: String,
         listen_id: Option<CmId>,
+    ) {
+        self.post_ud(event, status, param, reason, listen_id, None)
+    }
+
+    /// [`IdInner::post`] with UD parameters.
+    pub(crate) fn post_ud(
+        self: &Arc<Self>,
+        event: EventType,
+        status: i32,
+        param: ConnParam,
+        reason: String,
+        listen_id: Option<CmId>,
+        ud: Option<UdParam>,
     ) {
         let counted = match (&listen_id, event) {
             (Some(l), EventType::ConnectRequest) => l.inner.clone(),
@@ -123,6 +141,7 @@ impl IdInner {
         ev.param = param;
         ev.reason = reason;
         ev.listen_id = listen_id;
+        ev.ud = ud;
         ch.push(ev);
     }
 
@@ -193,7 +212,7 @@ impl IdInner {
 }
 
 /// Resolves 0xFF ("device maximum") and checks the limit.
-fn resources(v: u8, max: i32, what: &str) -> Result<u32> {
+pub(crate) fn resources(v: u8, max: i32, what: &str) -> Result<u32> {
     let max = max.max(1) as u32;
     match v {
         0xFF => Ok(max),
@@ -218,11 +237,8 @@ impl CmId {
     /// asynchronous call blocks until its event and returns its error.
     pub fn create(channel: Option<&EventChannel>, ps: PortSpace) -> Result<CmId> {
         match ps {
-            PortSpace::Tcp | PortSpace::Ib => {}
-            PortSpace::Udp => bail!(
-                OpNotSupp,
-                "rdma_create_id: RDMA_PS_UDP needs a RoCE device, which softrdma does not have yet"
-            ),
+            // UDP ids need a RoCE device; bind/resolve say so when there is none.
+            PortSpace::Tcp | PortSpace::Ib | PortSpace::Udp => {}
             PortSpace::Ipoib => bail!(Inval, "rdma_create_id: RDMA_PS_IPOIB is not supported"),
         }
         let (ch, sync) = match channel {
@@ -232,7 +248,7 @@ impl CmId {
         Ok(CmId::with_channel(ps, ch, sync))
     }
 
-    fn with_channel(ps: PortSpace, channel: EventChannel, sync: bool) -> CmId {
+    pub(crate) fn with_channel(ps: PortSpace, channel: EventChannel, sync: bool) -> CmId {
         CmId {
             inner: Arc::new(IdInner {
                 ps,
@@ -253,6 +269,8 @@ impl CmId {
                     unacked: 0,
                     disconnected: false,
                     req_param: None,
+                    ib: None,
+                    ib_listen: None,
                 }),
                 acked: Condvar::new(),
             }),
@@ -263,7 +281,11 @@ impl CmId {
         &self.inner
     }
 
-    fn lock(&self) -> MutexGuard<'_, IdState> {
+    pub(crate) fn from_inner(inner: Arc<IdInner>) -> CmId {
+        CmId { inner }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, IdState> {
         self.inner.lock()
     }
 
@@ -328,14 +350,48 @@ impl CmId {
         self.lock().unacked
     }
 
-    fn attach(st: &mut IdState, dev: DeviceInfo) -> Result<()> {
+    pub(crate) fn attach(st: &mut IdState, dev: DeviceInfo) -> Result<()> {
         st.context = Some(Context::open(&dev)?);
         st.device = Some(dev);
         Ok(())
     }
 
+    /// The devices that may serve this id: all of them, or those of the transport the id is
+    /// restricted to (`CmOption::Transport`); UDP ids only RoCE ones (EOPNOTSUPP if none).
+    fn devices_for(&self, st: &IdState, op: &str) -> Result<Vec<DeviceInfo>> {
+        let all = crate::devices::cached()?;
+        let want = match (self.inner.ps, st.opts.transport) {
+            (PortSpace::Udp, Some(TransportKind::Iwarp)) => bail!(
+                OpNotSupp,
+                "{op}: RDMA_PS_UDP needs a RoCE device; the id is restricted to iWARP"
+            ),
+            (PortSpace::Udp, _) => Some(TransportKind::Roce),
+            (_, t) => t,
+        };
+        let Some(t) = want else { return Ok(all) };
+        let devs: Vec<DeviceInfo> = all.iter().filter(|d| d.transport == t).cloned().collect();
+        if devs.is_empty() && !all.is_empty() {
+            let names: Vec<String> = all.iter().map(|d| format!("{} ({})", d.name, d.transport)).collect();
+            let errno = if self.inner.ps == PortSpace::Udp {
+                Errno::OpNotSupp
+            } else {
+                Errno::NoDev
+            };
+            return Err(Error::new(
+                errno,
+                format!("{op}: no {t} device for this id (devices: {})", names.join(", ")),
+            ));
+        }
+        Ok(devs)
+    }
+
+    /// True when the id's device is a soft-RoCE one (the IB CM carries its connection).
+    fn on_roce(st: &IdState) -> bool {
+        st.device.as_ref().is_some_and(|d| d.transport == TransportKind::Roce)
+    }
+
     /// Waits (sync ids only) for this id's next event among `want`; errors become `Err`.
-    fn wait_sync(&self, want: &[EventType]) -> Result<()> {
+    pub(crate) fn wait_sync(&self, want: &[EventType]) -> Result<()> {
         let (sync, ch) = {
             let st = self.lock();
             (st.sync, st.channel.clone())
@@ -364,12 +420,17 @@ impl CmId {
                 st.state
             );
         }
-        let devs = crate::devices::cached()?;
+        let devs = self.devices_for(&st, "rdma_bind_addr")?;
         let ifaces = device::list_interfaces()?;
         let dev = addr::bind_device(&devs, &ifaces, addr)?;
         let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-        let sock = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
-            .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
+        // The port spaces: TCP and IB ids hold a TCP port, UDP ids a UDP port.
+        let sock = if self.inner.ps == PortSpace::Udp {
+            Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+        } else {
+            Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+        }
+        .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
         let _ = sock.set_cloexec(true);
         sock.set_reuse_address(st.opts.reuse_addr)
             .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
@@ -406,7 +467,7 @@ impl CmId {
             if !matches!(st.state, CmState::Idle | CmState::AddrBound) {
                 bail!(Inval, "rdma_resolve_addr {dst}: the id is in {}", st.state);
             }
-            let devs = crate::devices::cached()?;
+            let devs = self.devices_for(&st, "rdma_resolve_addr")?;
             addr::resolve(&devs, dst.ip(), st.local.map(|a| a.ip()), addr::route_source)?
         };
         match resolution {
@@ -472,6 +533,11 @@ impl CmId {
         if st.qp.is_some() {
             bail!(Inval, "rdma_create_qp: the id already has a QP");
         }
+        if dev.transport == TransportKind::Roce {
+            let qp = Self::create_roce_qp(self.inner.ps, pd, init)?;
+            st.qp = Some(qp.clone());
+            return Ok(qp);
+        }
         if init.qp_type != QpType::Rc {
             bail!(
                 Inval,
@@ -490,8 +556,34 @@ impl CmId {
         Ok(qp)
     }
 
+    /// `rdma_create_qp` on a RoCE id: an RC QP in INIT (TCP and IB port spaces), or a UD QP
+    /// in RTS with Q_Key RDMA_UDP_QKEY (UDP and IB port spaces), as librdmacm leaves them.
+    fn create_roce_qp(ps: PortSpace, pd: &Pd, init: QpInitAttr) -> Result<Qp> {
+        let t = init.qp_type;
+        let ok = matches!(
+            (ps, t),
+            (PortSpace::Tcp, QpType::Rc) | (PortSpace::Udp, QpType::Ud) | (PortSpace::Ib, QpType::Rc | QpType::Ud)
+        );
+        if !ok {
+            bail!(Inval, "rdma_create_qp: {t:?} QPs do not fit an id of port space {ps:?}");
+        }
+        let qp = softrdma_roce::driver::create_qp(pd, init)?;
+        let r = if t == QpType::Ud {
+            ib::qp_setup::bring_up_ud(&qp, ib::qp_setup::RDMA_UDP_QKEY)
+        } else {
+            let (a, m) = ib::qp_setup::init_attr(t, 0);
+            qp.modify(&a, m)
+        };
+        if let Err(e) = r {
+            let _ = qp.destroy();
+            return Err(e);
+        }
+        Ok(qp)
+    }
+
     /// Attaches a QP the application created itself (it must be in INIT or RTR, on the id's
     /// device); `connect`/`accept` then move it to RTS (rping -q, `rdma_init_qp_attr` users).
+    /// On a RoCE id the QP may be in RESET, INIT, RTR or RTS: the CM moves it forward only.
     pub fn attach_qp(&self, qp: &Qp) -> Result<()> {
         let mut st = self.lock();
         let Some(dev) = st.device.clone() else {
@@ -508,6 +600,18 @@ impl CmId {
         }
         if st.qp.is_some() {
             bail!(Inval, "attach QP {}: the id already has a QP", qp.qpn());
+        }
+        if dev.transport == TransportKind::Roce {
+            if qp.inner().qp_type == QpType::Ud {
+                ib::qp_setup::bring_up_ud(qp, ib::qp_setup::RDMA_UDP_QKEY)?;
+            } else if qp.state() == QpState::Reset {
+                let (a, m) = ib::qp_setup::init_attr(QpType::Rc, 0);
+                qp.modify(&a, m)?;
+            } else if matches!(qp.state(), QpState::Err | QpState::Sqd | QpState::Sqe) {
+                bail!(Inval, "attach QP {}: the QP is in {}", qp.qpn(), qp.state());
+            }
+            st.qp = Some(qp.clone());
+            return Ok(());
         }
         let unconnected_rts = qp.state() == QpState::Rts && qp.inner().driver().is_none();
         if !matches!(qp.state(), QpState::Reset | QpState::Init | QpState::Rtr) && !unconnected_rts {
@@ -564,6 +668,10 @@ impl CmId {
     /// Connects (`rdma_connect`): ESTABLISHED, REJECTED (-ECONNREFUSED), UNREACHABLE
     /// (-ETIMEDOUT after the connect timeout) or CONNECT_ERROR.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        let roce = Self::on_roce(&self.lock());
+        if roce {
+            return ib::active::connect(self, param);
+        }
         check_pd("rdma_connect", &param.private_data)?;
         let (sock, qp, dst, params, src) = {
             let mut st = self.lock();
@@ -628,19 +736,55 @@ impl CmId {
         } else {
             backlog as u32
         };
-        let Some(sock) = st.reserved.take() else {
+        if st.reserved.is_none() {
             bail!(Inval, "rdma_listen: the id lost its bound socket")
-        };
+        }
         let bound = st.local.map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let devs = crate::devices::cached()?;
-        let ifaces = device::list_interfaces()?;
-        let me = Arc::downgrade(&self.inner);
         let ps = self.inner.ps;
-        let listener = Listener::from_socket(sock, backlog, move |req| {
-            on_request(&me, ps, bound, &devs, &ifaces, req)
-        })?;
-        st.local = Some(listener.local_addr());
-        st.listener = Some(listener);
+        let devs = self.devices_for(&st, "rdma_listen")?;
+        // The kernel listens on every device an address can arrive on: iWARP, RoCE or both.
+        let transports = listen_transports(&devs, bound);
+        let roce = transports.contains(&TransportKind::Roce);
+        let iwarp = ps != PortSpace::Udp && (transports.contains(&TransportKind::Iwarp) || !roce);
+        if ps == PortSpace::Udp && !roce {
+            bail!(
+                OpNotSupp,
+                "rdma_listen {bound}: RDMA_PS_UDP needs a RoCE device, and none serves this address"
+            );
+        }
+        let guard = match roce {
+            false => None,
+            true => {
+                let local = st.local.unwrap_or(SocketAddr::new(bound, 0));
+                let af_only = st.opts.af_only.unwrap_or(bound.is_ipv4());
+                match ib::listen::listen(&self.inner, ps, local, backlog, af_only) {
+                    Ok(g) => Some(g),
+                    Err(e) if e.errno == Errno::AddrInUse || !iwarp => return Err(e),
+                    Err(e) => {
+                        tracing::warn!("rdma_listen {local}: listening on iWARP only: {e}");
+                        None
+                    }
+                }
+            }
+        };
+        if iwarp {
+            let Some(sock) = st.reserved.take() else {
+                bail!(Inval, "rdma_listen: the id lost its bound socket")
+            };
+            let iwarp_devs: Vec<DeviceInfo> = devs
+                .iter()
+                .filter(|d| d.transport == TransportKind::Iwarp)
+                .cloned()
+                .collect();
+            let ifaces = device::list_interfaces()?;
+            let me = Arc::downgrade(&self.inner);
+            let listener = Listener::from_socket(sock, backlog, move |req| {
+                on_request(&me, ps, bound, &iwarp_devs, &ifaces, req)
+            })?;
+            st.local = Some(listener.local_addr());
+            st.listener = Some(listener);
+        }
+        st.ib_listen = guard;
         st.state = CmState::Listen;
         Ok(())
     }
@@ -668,6 +812,9 @@ impl CmId {
 
     /// Accepts a connection request on the new id (`rdma_accept`); the id needs a QP.
     pub fn accept(&self, param: Option<&ConnParam>) -> Result<()> {
+        if self.lock().ib.is_some() {
+            return ib::passive::accept(self, param);
+        }
         let default = ConnParam {
             responder_resources: 0xFF,
             initiator_depth: 0xFF,
@@ -703,6 +850,9 @@ impl CmId {
 
     /// Rejects a connection request with private data (`rdma_reject`): the peer sees REJECTED.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        if self.lock().ib.is_some() {
+            return ib::passive::reject(self, private_data);
+        }
         check_pd("rdma_reject", private_data)?;
         let req = {
             let mut st = self.lock();
@@ -721,6 +871,9 @@ impl CmId {
 
     /// Disconnects (`rdma_disconnect`): the QP moves to ERR, both sides get DISCONNECTED.
     pub fn disconnect(&self) -> Result<()> {
+        if self.lock().ib.is_some() {
+            return ib::close::disconnect(self);
+        }
         let conn = {
             let st = self.lock();
             if st.state == CmState::Disconnect {
@@ -767,6 +920,18 @@ impl CmId {
             }
             CmOption::ConnectTimeout(d) => st.opts.connect_timeout = d.max(Duration::from_millis(1)),
             CmOption::ResolveTimeout(d) => st.opts.resolve_timeout = Some(d),
+            CmOption::Transport(t) => {
+                if st.state != CmState::Idle {
+                    bail!(
+                        Inval,
+                        "transport restriction: set it on an IDLE id (this one is in {})",
+                        st.state
+                    );
+                }
+                st.opts.transport = t;
+            }
+            CmOption::CmResponseTimeout(d) => st.opts.cm_response_timeout = Some(d.max(Duration::from_millis(1))),
+            CmOption::CmRetries(n) => st.opts.cm_retries = Some(n.min(15)),
         }
         Ok(())
     }
@@ -774,6 +939,52 @@ impl CmId {
     /// Current options.
     pub fn options(&self) -> Options {
         self.lock().opts
+    }
+
+    /// Completes an active connection that reported CONNECT_RESPONSE (the id had no QP when
+    /// the peer accepted): moves the id's QP, if it has one now, to RTS and sends the RTU
+    /// (`rdma_establish`). RoCE ids only; no further event follows.
+    pub fn establish(&self) -> Result<()> {
+        if self.lock().ib.is_none() {
+            bail!(
+                Inval,
+                "rdma_establish: the id has no RoCE connection waiting (CONNECT_RESPONSE comes only on RoCE ids without a QP)"
+            );
+        }
+        ib::active::establish(self)
+    }
+
+    /// `rdma_init_qp_attr`: the attributes and mask that move a QP the application manages to
+    /// `state` (INIT, RTR or RTS) for this id's connection. On RoCE ids RTR and RTS need the
+    /// peer's values, so they are available once the REP (active side) or REQ (passive side)
+    /// arrived; iWARP ids get the access flags and port only.
+    pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, u32)> {
+        let st = self.lock();
+        let Some(dev) = &st.device else {
+            bail!(Inval, "rdma_init_qp_attr: the id has no device yet");
+        };
+        if dev.transport != TransportKind::Roce {
+            let a = QpAttr {
+                qp_state: Some(state),
+                qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
+                port_num: 1,
+                ..QpAttr::default()
+            };
+            return match state {
+                QpState::Init | QpState::Rtr => Ok((a, attr_mask::STATE | attr_mask::ACCESS_FLAGS | attr_mask::PORT)),
+                QpState::Rts => Ok((a, attr_mask::STATE | attr_mask::PORT)),
+                s => bail!(Inval, "rdma_init_qp_attr: no attributes for QP state {s}"),
+            };
+        }
+        let ud = ib::is_ud(self.inner.ps, st.qp.as_ref());
+        let qp_type = if ud { QpType::Ud } else { QpType::Rc };
+        let path = st.ib.as_ref().map(|h| h.link.lock().path);
+        let ready = path.filter(|p| p.remote_qpn != 0);
+        ib::qp_setup::init_qp_attr(qp_type, state, ready.as_ref(), ib::qp_setup::RDMA_UDP_QKEY).ok_or_else(|| {
+            Error::inval(format!(
+                "rdma_init_qp_attr: no {state} attributes yet (they need the peer's QPN and PSN)"
+            ))
+        })
     }
 
     /// Moves the id to another channel, or to synchronous mode with `None` (`rdma_migrate_id`).
@@ -804,7 +1015,7 @@ impl CmId {
     /// (for a listener: its undelivered requests, which are rejected), and waits until every
     /// event already taken from the channel is acknowledged.
     pub fn destroy(self) -> Result<()> {
-        let (ch, listener, request, conn, qp) = {
+        let (ch, listener, request, conn, qp, ib_conn, ib_listen) = {
             let mut st = self.lock();
             st.state = CmState::Destroying;
             (
@@ -813,20 +1024,32 @@ impl CmId {
                 st.request.take(),
                 st.conn.take(),
                 st.qp.take(),
+                st.ib.take(),
+                st.ib_listen.take(),
             )
         };
         drop(listener);
+        drop(ib_listen);
         drop(request);
         if let Some(c) = conn {
             c.disconnect();
+        }
+        if let Some(h) = ib_conn {
+            ib::close::destroy(h);
         }
         drop(qp);
         self.lock().reserved = None;
         for ev in ch.take_requests_of(&self.inner) {
             let child = ev.id.clone();
             drop(ev);
-            let req = child.lock().request.take();
+            let (req, ib_req) = {
+                let mut cs = child.lock();
+                (cs.request.take(), cs.ib.take())
+            };
             drop(req);
+            if let Some(h) = ib_req {
+                ib::close::destroy(h);
+            }
         }
         ch.move_events(&self.inner, &EventChannel::new()?);
         let mut st = self.lock();
@@ -846,6 +1069,26 @@ impl CmId {
         }
         Ok(())
     }
+}
+
+/// The transports whose devices a listener bound to `bound` hears: every device's for a
+/// wildcard, the loopback-capable devices' for a loopback address, else those owning it.
+fn listen_transports(devs: &[DeviceInfo], bound: IpAddr) -> Vec<TransportKind> {
+    let ip = addr::canonical(bound);
+    let mut out: Vec<TransportKind> = Vec::new();
+    for d in devs {
+        let serves = if addr::is_wildcard(ip) {
+            true
+        } else if addr::is_loopback(ip) {
+            d.loopback
+        } else {
+            d.owns_ip(ip)
+        };
+        if serves && !out.contains(&d.transport) {
+            out.push(d.transport);
+        }
+    }
+    out
 }
 
 /// A connection request reached a listener (progress thread).

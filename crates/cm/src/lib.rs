@@ -1,13 +1,23 @@
 //! softrdma's RDMA connection manager: librdmacm semantics as a Rust API, over the soft-iWARP
-//! device, with the loopback contract of ../shared/LOOPBACK.md.
+//! device (MPA over TCP) and the soft-RoCE device (IB CM MADs on QP1, as the Linux IB CM), with
+//! the loopback contract of ../shared/LOOPBACK.md.
 //!
 //! - [`EventChannel`] and [`CmEvent`]: `rdma_event_channel`, `rdma_get_cm_event`, `rdma_ack_cm_event`.
 //! - [`CmId`]: `rdma_cm_id` and its calls; without a channel an id is synchronous.
 //! - [`addr`]: what an address means and which device serves it (R1–R6, R11, R12).
+//!
+//! An id whose device is an `rxe_` one (chosen by bind/resolve from the address; restrict the
+//! choice with [`CmOption::Transport`] or `SOFTRDMA_TRANSPORTS`) connects with IB CM MADs:
+//! REQ/REP/RTU with the 36-byte CMA header, REJ (REJECTED status = reason: 8 nothing listens,
+//! 28 `reject`), DREQ/DREP then TIMEWAIT_EXIT, and SIDR for [`PortSpace::Udp`] (ESTABLISHED
+//! carries [`CmEvent::ud`]). The CM moves the id's QP through INIT/RTR/RTS itself; an id
+//! without a QP gets CONNECT_RESPONSE and finishes with [`CmId::establish`]. A listener hears
+//! both transports when devices of both serve its address.
 
 pub mod addr;
 mod devices;
 mod event;
+mod ib;
 mod id;
 mod options;
 mod param;
@@ -17,8 +27,24 @@ pub use addr::advertised_addresses;
 pub use event::{CmEvent, EventChannel, EventType};
 pub use id::{CmId, MAX_BACKLOG};
 pub use options::{CmOption, Options};
-pub use param::ConnParam;
+pub use param::{ConnParam, UdParam};
 pub use state::{CmState, PortSpace};
 
 /// Largest private data on iWARP connections through the CM (the ucma ABI limit, as Linux).
 pub const MAX_PRIVATE_DATA: usize = 256;
+
+/// Private-data limits on RoCE ids (the IB CM fields, as Linux): `rdma_connect` 56 bytes (REQ,
+/// after the 36-byte CMA header; 180 for UD ids, SIDR_REQ), `rdma_accept` 196 (REP; 136 for
+/// UD, SIDR_REP), `rdma_reject` 148 (REJ; 136 for UD). Events report the whole field.
+pub mod roce_limits {
+    pub use crate::ib::privdata::{
+        REJ_USER_LEN as REJECT, REP_USER_LEN as ACCEPT, REQ_USER_LEN as CONNECT, SIDR_REP_USER_LEN as UD_ACCEPT,
+        SIDR_REQ_USER_LEN as UD_CONNECT,
+    };
+}
+
+/// Q_Key of RDMA_PS_UDP ids (`RDMA_UDP_QKEY`, 0x01234567): SIDR_REP carries it.
+pub use ib::qp_setup::RDMA_UDP_QKEY;
+/// Environment variables of the RoCE connection manager: `SOFTRDMA_CM_TIMEOUT_MS` (wait for each
+/// answer to a REQ, REP, DREQ or SIDR_REQ) and `SOFTRDMA_CM_RETRIES` (sends after the first).
+pub use ib::timing::{RETRIES_ENV as CM_RETRIES_ENV, TIMEOUT_ENV as CM_TIMEOUT_ENV};

@@ -20,3 +20,15 @@ pub struct ConnParam {
     /// QP number (ignored when the id has a QP).
     pub qp_num: u32,
 }
+
+/// What a UD (RDMA_PS_UDP) event says about the peer (`struct rdma_ud_param`; its private
+/// data is the event's [`ConnParam::private_data`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdParam {
+    /// The peer's UD QP number (ESTABLISHED); 0 in a CONNECT_REQUEST.
+    pub qp_num: u32,
+    /// The Q_Key to send to the peer with (ESTABLISHED); 0 in a CONNECT_REQUEST.
+    pub qkey: u32,
+    /// Address vector to the peer (`ibv_create_ah`); zero in a CONNECT_REQUEST.
+    pub ah_attr: softrdma_verbs::AhAttr,
+}

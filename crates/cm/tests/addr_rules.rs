@@ -4,7 +4,7 @@
 
 use softrdma_cm::addr::{self, Resolution};
 use softrdma_verbs::device::{
-    devices_from, Config, DeviceInfo, IfAddr, IfFlags, NetIf, PortState, LOOPBACK_DISABLED_BY_CONFIG,
+    devices_from, Config, DeviceInfo, IfAddr, IfFlags, NetIf, PortState, TransportKind, LOOPBACK_DISABLED_BY_CONFIG,
 };
 use softrdma_verbs::{Errno, Error, Result};
 use std::net::{IpAddr, SocketAddr};
@@ -459,7 +459,7 @@ fn r14_messages_name_address_device_reason() {
     }
     // A device whose loopback is off for a reason other than config still gets a reason.
     let mut devs = devices_from(&host(), None).unwrap();
-    devs.retain(|d| d.netdev == "lo");
+    devs.retain(|d| d.netdev == "lo" && d.transport == TransportKind::Iwarp);
     devs[0].loopback = false;
     devs[0].loopback_reason = None;
     let e = err(addr::bind_device(&devs, &host(), sa("127.0.0.1:0")));

@@ -53,12 +53,28 @@ impl Context {
         Ok(self.inner.device.port_attr())
     }
 
-    /// GID table entry (`ibv_query_gid`).
+    /// GID table entry (`ibv_query_gid`). An index inside the table (`gid_tbl_len`) whose
+    /// entry is empty (a RoCE netdev without addresses) reads as the all-zero GID; an index
+    /// past the table is EINVAL.
     pub fn query_gid(&self, port: u8, index: usize) -> Result<crate::device::Gid> {
+        let len = self.query_port(port)?.gid_tbl_len;
+        match self.inner.device.gid(index) {
+            Some(gid) => Ok(gid),
+            None if index < usize::try_from(len).unwrap_or(0) => Ok(crate::device::Gid::default()),
+            None => Err(crate::Error::inval(format!(
+                "query_gid: {} has no GID at index {index} (gid_tbl_len {len})",
+                self.inner.device.name
+            ))),
+        }
+    }
+
+    /// The type of GID table entry `index` (`ibv_query_gid_ex`'s `gid_type`): EINVAL for a
+    /// bad port or an index without a GID.
+    pub fn query_gid_type(&self, port: u8, index: usize) -> Result<crate::device::GidType> {
         self.query_port(port)?;
-        self.inner.device.gid(index).ok_or_else(|| {
+        self.inner.device.gid_type(index).ok_or_else(|| {
             crate::Error::inval(format!(
-                "query_gid: {} has no GID at index {index}",
+                "query_gid_type: {} has no GID at index {index}",
                 self.inner.device.name
             ))
         })

@@ -6,6 +6,7 @@
 //! later soft-RoCE) drives a QP's queues through the [`QpDriver`] seam; this crate owns the
 //! queues, the QP state machine, the memory-key table and the completion path.
 
+pub mod ah;
 pub mod channel;
 pub mod context;
 pub mod cq;
@@ -20,13 +21,14 @@ pub mod qp_state;
 pub mod srq;
 pub mod wr;
 
+pub use ah::Ah;
 pub use channel::CompChannel;
 pub use context::Context;
 pub use cq::Cq;
 pub use error::{Errno, Error, Result};
 pub use mr::Mr;
 pub use pd::Pd;
-pub use qp::{Qp, QpAttr, QpCap, QpDriver, QpInitAttr};
+pub use qp::{AhAttr, Qp, QpAttr, QpCap, QpDriver, QpInitAttr, QpTransport};
 pub use qp_state::{QpState, QpType};
 pub use srq::{Srq, SrqAttr};
-pub use wr::{Access, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+pub use wr::{Access, RecvWr, SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode};

@@ -126,6 +126,22 @@ pub trait QpDriver: Send + Sync + std::fmt::Debug {
     fn kick(&self);
 }
 
+/// A transport that follows a QP through its whole life (soft-RoCE): it hears every state
+/// change, so it can start its engine at RTR, and owns the QP number space.
+///
+/// iWARP QPs have none: their transport arrives with the TCP connection instead.
+pub trait QpTransport: Send + Sync + std::fmt::Debug {
+    /// The QP moved from `from` to `to` (attributes already stored). An error undoes the
+    /// state change and is returned by `modify_qp`.
+    fn modified(&self, qp: &Arc<QpInner>, from: QpState, to: QpState) -> Result<()>;
+    /// The QP is being destroyed: release its number and stop its engine.
+    fn destroyed(&self, qp: &Arc<QpInner>);
+    /// `ibv_attach_mcast`: deliver packets for multicast group `gid` to this (UD) QP.
+    fn attach_mcast(&self, qp: &Arc<QpInner>, gid: [u8; 16]) -> Result<()>;
+    /// `ibv_detach_mcast`.
+    fn detach_mcast(&self, qp: &Arc<QpInner>, gid: [u8; 16]) -> Result<()>;
+}
+
 #[derive(Debug)]
 struct QpCore {
     state: QpState,
@@ -157,6 +173,8 @@ pub struct QpInner {
     pub cap: QpCap,
     /// Every WR signaled.
     pub sq_sig_all: bool,
+    /// The transport that owns this QP's number and hears its state changes, if any.
+    pub transport: Option<Arc<dyn QpTransport>>,
     core: Mutex<QpCore>,
 }
 
@@ -208,6 +226,11 @@ impl QpInner {
         c.attr.max_dest_rd_atomic = ird;
         c.driver = Some(driver);
         Ok(())
+    }
+
+    /// Attaches a driver without changing the state (a RoCE engine started at RTR).
+    pub fn attach_driver(&self, driver: Arc<dyn QpDriver>) {
+        self.core().driver = Some(driver);
     }
 
     /// Detaches the transport (its connection closed). Queued WRs flush; later posts flush at once.
@@ -322,6 +345,17 @@ pub struct Qp {
 impl Qp {
     /// Creates a QP in `pd`. `rules` comes from the device's transport.
     pub fn new(pd: &Pd, init: QpInitAttr, rules: AttrRules) -> Result<Qp> {
+        Qp::with_transport(pd, init, rules, None)
+    }
+
+    /// Creates a QP whose number comes from `transport` (which then hears every state change),
+    /// or from the process-wide counter if `None`.
+    pub fn with_transport(
+        pd: &Pd,
+        init: QpInitAttr,
+        rules: AttrRules,
+        transport: Option<(u32, Arc<dyn QpTransport>)>,
+    ) -> Result<Qp> {
         let dev = pd.context().device().attr();
         let cap = init.cap;
         let max_wr = dev.max_qp_wr as u32;
@@ -365,7 +399,10 @@ impl Qp {
         init.send_cq.inner().users.fetch_add(1, Ordering::Relaxed);
         init.recv_cq.inner().users.fetch_add(1, Ordering::Relaxed);
         pd.inner().qp_count.fetch_add(1, Ordering::Relaxed);
-        let qpn = next_qpn();
+        let (qpn, transport) = match transport {
+            Some((qpn, t)) => (qpn, Some(t)),
+            None => (next_qpn(), None),
+        };
         tracing::debug!(qpn, ?cap, "create_qp");
         Ok(Qp {
             inner: Arc::new(QpInner {
@@ -384,6 +421,7 @@ impl Qp {
                     max_inline_data: cap.max_inline_data,
                 },
                 sq_sig_all: init.sq_sig_all,
+                transport,
                 core: Mutex::new(QpCore {
                     state: QpState::Reset,
                     attr: QpAttr {
@@ -418,7 +456,7 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: u32) -> Result<()> {
         let qpn = self.inner.qpn;
         let dev = self.inner.pd.context().device().attr();
-        let (new, driver) = {
+        let (cur, new, driver) = {
             let mut c = self.inner.core();
             let cur = c.state;
             if mask & attr_mask::CUR_STATE != 0 && attr.cur_qp_state != Some(cur) {
@@ -524,8 +562,18 @@ impl Qp {
             if new != QpState::Err {
                 c.state = new;
             }
-            (new, c.driver.clone())
+            (cur, new, c.driver.clone())
         };
+        if let Some(t) = &self.inner.transport {
+            if let Err(e) = t.modified(&self.inner, cur, new) {
+                let mut c = self.inner.core();
+                if c.state == new {
+                    c.state = cur;
+                }
+                return Err(e);
+            }
+        }
+        let driver = driver.or_else(|| self.inner.driver());
         if new == QpState::Err {
             match driver {
                 // The driver flushes in-flight work first, then the queues, keeping order.
@@ -576,6 +624,26 @@ impl Qp {
             bail!(
                 Inval,
                 "post_send on QP {qpn}: opcode {op:?} is not supported by iWARP devices"
+            );
+        }
+        if self.inner.qp_type == QpType::Ud {
+            if !matches!(op, WrOpcode::Send | WrOpcode::SendWithImm) {
+                bail!(Inval, "post_send on QP {qpn}: UD QPs only SEND (got {op:?})");
+            }
+            if wr.ud.is_none() {
+                bail!(
+                    Inval,
+                    "post_send on QP {qpn}: UD WR {:#x} has no address handle",
+                    wr.wr_id
+                );
+            }
+        }
+        if matches!(op, WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd)
+            && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 || wr.remote_addr & 7 != 0)
+        {
+            bail!(
+                Inval,
+                "post_send on QP {qpn}: an atomic WR needs one 8-byte SGE and an 8-byte aligned remote_addr"
             );
         }
         let sges = wr.sg_list.len() as u32;
@@ -751,8 +819,36 @@ impl Qp {
         self.post_send(&[wr]).map_err(|(_, e)| e)
     }
 
+    /// `ibv_attach_mcast`: receive multicast group `gid` on this UD QP.
+    pub fn attach_mcast(&self, gid: [u8; 16]) -> Result<()> {
+        self.mcast_check("attach_mcast")?.attach_mcast(&self.inner, gid)
+    }
+
+    /// `ibv_detach_mcast`.
+    pub fn detach_mcast(&self, gid: [u8; 16]) -> Result<()> {
+        self.mcast_check("detach_mcast")?.detach_mcast(&self.inner, gid)
+    }
+
+    fn mcast_check(&self, what: &str) -> Result<&Arc<dyn QpTransport>> {
+        let qpn = self.inner.qpn;
+        if self.inner.qp_type != QpType::Ud {
+            bail!(
+                Inval,
+                "{what} on QP {qpn}: multicast needs a UD QP (this one is {:?})",
+                self.inner.qp_type
+            );
+        }
+        match &self.inner.transport {
+            Some(t) => Ok(t),
+            None => bail!(OpNotSupp, "{what} on QP {qpn}: this device has no multicast support"),
+        }
+    }
+
     /// Destroys the QP: moves it to ERR (closing its connection) and releases its CQs.
     pub fn destroy(self) -> Result<()> {
+        if let Some(t) = &self.inner.transport {
+            t.destroyed(&self.inner);
+        }
         let driver = self.inner.driver();
         {
             let mut c = self.inner.core();

@@ -168,6 +168,23 @@ pub struct SendWr {
     pub rkey: u32,
     /// Key to invalidate at the receiver, for SEND_WITH_INV.
     pub invalidate_rkey: u32,
+    /// Compare value (ATOMIC_CMP_AND_SWP) or addend (ATOMIC_FETCH_AND_ADD).
+    pub compare_add: u64,
+    /// Swap value (ATOMIC_CMP_AND_SWP).
+    pub swap: u64,
+    /// Destination of a UD send (`wr.ud`): address vector, remote QPN and Q_Key.
+    pub ud: Option<UdDest>,
+}
+
+/// Where a UD send goes (`ibv_send_wr.wr.ud`, with the AH's attributes copied at post time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdDest {
+    /// The address handle's attributes.
+    pub ah: crate::qp::AhAttr,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key (a value with the high bit set means "use the QP's own Q_Key").
+    pub remote_qkey: u32,
 }
 
 impl SendWr {
@@ -334,6 +351,8 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// `wc_flags` bits.
     pub wc_flags: u32,
+    /// P_Key index (UD receives).
+    pub pkey_index: u16,
     /// Solicited event requested by the sender (receives).
     pub solicited: bool,
 }
@@ -351,6 +370,7 @@ impl WorkCompletion {
             qp_num,
             src_qp: 0,
             wc_flags: 0,
+            pkey_index: 0,
             solicited: false,
         }
     }

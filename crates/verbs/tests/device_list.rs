@@ -4,13 +4,16 @@
 use std::net::IpAddr;
 
 use softrdma_verbs::device::{
-    device_for_ip, devices_from, find_device, list_devices, list_interfaces, Config, Mtu, PortState, TransportKind,
+    device_for_ip, devices_from, find_device, list_devices, list_interfaces, Config, Gid, GidType, Mtu, PortState,
+    TransportKind,
 };
 use softrdma_verbs::Errno;
 
-/// These tests describe the default list; skip them if the caller set a config file.
+/// These tests describe the default list; skip them if the caller set a config file or
+/// picked transports.
 fn default_mode() -> bool {
-    !matches!(std::env::var_os("SOFTRDMA_CONFIG"), Some(v) if !v.is_empty())
+    let set = |var: &str| matches!(std::env::var_os(var), Some(v) if !v.is_empty());
+    !set("SOFTRDMA_CONFIG") && !set("SOFTRDMA_TRANSPORTS")
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -45,12 +48,43 @@ fn every_default_device_is_up_with_an_address() {
         return;
     }
     let ifaces = list_interfaces().unwrap();
-    for d in list_devices().unwrap() {
-        assert_eq!(d.name, format!("siw_{}", d.netdev));
+    let devices = list_devices().unwrap();
+    // siw_<if> then rxe_<if> on every interface.
+    for pair in devices.chunks(2) {
+        let kinds: Vec<TransportKind> = pair.iter().map(|d| d.transport).collect();
+        assert_eq!(kinds, TransportKind::ALL, "{pair:?}");
+        assert_eq!(pair[0].netdev, pair[1].netdev);
+    }
+    for d in devices {
+        assert_eq!(d.name, format!("{}_{}", d.transport.device_prefix(), d.netdev));
         let netif = ifaces.iter().find(|i| i.name == d.netdev).unwrap();
         assert!(netif.flags.up && !netif.addrs.is_empty());
         assert_eq!(d.ifindex, netif.index);
     }
+}
+
+#[test]
+fn rxe_lo_follows_with_ip_gids() {
+    if !default_mode() {
+        return;
+    }
+    let devices = list_devices().unwrap();
+    let rxe = &devices[1];
+    assert_eq!(rxe.name, "rxe_lo");
+    assert_eq!(rxe.transport, TransportKind::Roce);
+    assert!(rxe.loopback && rxe.is_loopback_netdev);
+    assert_eq!(
+        rxe.gid(0),
+        Some(Gid::from_ip(ip("127.0.0.1"))),
+        "GID 0 is ::ffff:127.0.0.1"
+    );
+    assert_eq!(rxe.gid_type(0), Some(GidType::RoceV2));
+    assert_eq!(rxe.gid_index_of(ip("127.0.0.1")), Some(0));
+    let port = rxe.port_attr();
+    assert_eq!(port.gid_tbl_len as usize, rxe.gids().len());
+    assert_eq!(port.active_mtu, Mtu::for_roce(rxe.mtu));
+    assert_eq!(port.link_layer, 2);
+    assert_eq!(find_device("rxe_lo").unwrap().transport, TransportKind::Roce);
 }
 
 #[test]

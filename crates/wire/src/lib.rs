@@ -33,8 +33,10 @@ pub mod crc32c;
 pub mod ddp;
 pub mod error;
 pub mod fpdu;
+pub mod ibcm;
 pub mod mpa;
 pub mod rdmap;
+pub mod roce;
 pub mod terminate;
 
 pub use crate::crc32c::{crc32c, Crc32c};

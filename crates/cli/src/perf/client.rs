@@ -290,7 +290,7 @@ fn write_lat(ep: &Endpoint, local: &Mr, r: &Reply, iters: u32, verify: bool) -> 
         wr.flags = if signal { SendFlags::SIGNALED } else { SendFlags(0) };
         let t = Instant::now();
         ep.qp.post_send_one(wr)?;
-        wait_byte(local, size - 1, marker(i), OP_TIMEOUT)?;
+        wait_byte(&ep.qp, local, size - 1, marker(i), OP_TIMEOUT)?;
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
         if signal {
             ep.next_wc(OP_TIMEOUT)?;

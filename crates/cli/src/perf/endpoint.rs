@@ -144,13 +144,20 @@ impl Endpoint {
     }
 }
 
-/// Spins until byte `off` of `mr` equals `want`.
-pub fn wait_byte(mr: &Mr, off: usize, want: u8, timeout: Duration) -> Result<()> {
+/// Spins until byte `off` of `mr` equals `want`; fails at once if `qp`'s connection goes down.
+pub fn wait_byte(qp: &Qp, mr: &Mr, off: usize, want: u8, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut spins = 0u32;
     while mr.read_byte_volatile(off) != Some(want) {
         spins += 1;
         if spins > SPINS {
+            if qp.state() == QpState::Err && mr.read_byte_volatile(off) != Some(want) {
+                bail!(
+                    ConnReset,
+                    "QP {}: the connection went down while waiting for an RDMA WRITE (byte {off} = {want})",
+                    qp.qpn()
+                );
+            }
             if Instant::now() >= deadline {
                 bail!(
                     TimedOut,

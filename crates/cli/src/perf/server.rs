@@ -151,7 +151,7 @@ fn serve_send_lat(ep: &Endpoint, buf: &Mr, r: &Request) -> softrdma_verbs::Resul
 fn serve_write_lat(ep: &Endpoint, buf: &Mr, r: &Request) -> softrdma_verbs::Result<()> {
     let size = r.size as usize;
     for i in 0..r.iters {
-        wait_byte(buf, size - 1, marker(i), OP_TIMEOUT)?;
+        wait_byte(&ep.qp, buf, size - 1, marker(i), OP_TIMEOUT)?;
         let mut wr = SendWr::write(1, vec![buf.sge(0, size as u32)], r.addr, r.rkey);
         wr.flags = softrdma_verbs::SendFlags(0);
         if i + 1 == r.iters || i % 64 == 63 {

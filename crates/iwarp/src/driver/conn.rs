@@ -17,6 +17,17 @@ use std::time::Instant;
 /// Bytes read from a socket per readiness event before yielding to other connections.
 const RX_BUDGET: usize = 8 << 20;
 
+/// Hands bytes that arrived with the MPA exchange to a new engine, all of them, in order.
+pub(crate) fn feed(engine: &mut Engine, mut bytes: &[u8]) {
+    while !bytes.is_empty() && engine.phase() == EnginePhase::Running {
+        let space = engine.rx_space();
+        let n = bytes.len().min(space.len());
+        space[..n].copy_from_slice(&bytes[..n]);
+        engine.rx_commit(n);
+        bytes = &bytes[n..];
+    }
+}
+
 pub(crate) enum Phase {
     Connecting {
         deadline: Instant,
@@ -30,6 +41,7 @@ pub(crate) enum Phase {
     },
     AwaitRequest {
         deadline: Instant,
+        timeout: std::time::Duration,
         listener: Weak<ListenShared>,
     },
     AwaitAccept {
@@ -51,6 +63,9 @@ pub(crate) struct ConnState {
     sink: Option<EventSink>,
     disconnect: bool,
     writing: bool,
+    /// Set when the engine stopped (a Terminate is queued) but its last bytes cannot leave:
+    /// the connection closes at this instant even if the peer never reads them.
+    pub(crate) linger: Option<Instant>,
 }
 
 impl ConnState {
@@ -78,6 +93,8 @@ pub(crate) struct TcpConn {
     pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
     st: Mutex<ConnState>,
+    /// Times the progress thread called this connection (a busy loop shows here).
+    pub(crate) wakeups: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for TcpConn {
@@ -169,17 +186,21 @@ impl TcpConn {
                 sink,
                 disconnect: false,
                 writing: interest.write,
+                linger: None,
             }),
+            wakeups: std::sync::atomic::AtomicU64::new(0),
         });
+        // The fd may be ready at once. Its first event must not run before the token is known
+        // (an interest change made then was lost, and a connection whose write interest stayed
+        // on woke the progress thread in a loop forever): hold the state lock, which `on_event`
+        // takes first, until the token is set.
+        let hold = conn.lock();
         let token = reactor
             .register(fd, interest, conn.clone())
             .map_err(|e| Error::os(format!("iWARP connection {local} -> {peer}: epoll"), &e))?;
         let _ = conn.token.set(token);
+        drop(hold);
         Ok(conn)
-    }
-
-    pub(crate) fn sock_fd(&self) -> i32 {
-        self.fd
     }
 
     pub(crate) fn token(&self) -> Option<Token> {
@@ -224,7 +245,8 @@ impl TcpConn {
         st.sink = None;
     }
 
-    fn set_write_interest(&self, st: &mut ConnState, write: bool, read: bool) {
+    /// Sets the connection's epoll interest, keeping `st.writing` in step (never set it around this).
+    pub(crate) fn set_write_interest(&self, st: &mut ConnState, write: bool, read: bool) {
         if st.writing != write || !read {
             st.writing = write;
             if let Some(t) = self.token() {
@@ -249,12 +271,19 @@ impl TcpConn {
         Ok(true)
     }
 
-    /// Reads what is available into `inbuf`. Ok(true) on EOF.
+    /// Reads into `inbuf` what is available, up to one whole MPA frame (what follows the
+    /// Reply stays in the socket for the engine). Ok(true) on EOF.
     fn read_some(st: &mut ConnState) -> std::io::Result<bool> {
         let Some(sock) = st.sock.as_ref() else { return Ok(true) };
         let mut buf = [0u8; 4096];
         loop {
-            match (&*sock).read(&mut buf) {
+            let want = super::listen::MAX_MPA_FRAME
+                .saturating_sub(st.inbuf.len())
+                .min(buf.len());
+            if want == 0 {
+                return Ok(false);
+            }
+            match (&*sock).read(&mut buf[..want]) {
                 Ok(0) => return Ok(true),
                 Ok(n) => st.inbuf.extend_from_slice(&buf[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
@@ -390,12 +419,7 @@ impl TcpConn {
                     return self.close(st, Some(ConnEvent::ConnectError { reason: e.msg }));
                 }
                 let mut engine = Box::new(Engine::new(qp, cfg));
-                if !rest.is_empty() {
-                    let space = engine.rx_space();
-                    let n = rest.len().min(space.len());
-                    space[..n].copy_from_slice(&rest[..n]);
-                    engine.rx_commit(n);
-                }
+                feed(&mut engine, &rest);
                 tracing::debug!(%peer, crc = neg.crc, rtr = neg.rtr, ird = neg.ird, ord = neg.ord, "iWARP connection established (active)");
                 st.phase = Phase::Established { engine };
                 Self::emit(
@@ -494,6 +518,19 @@ impl TcpConn {
                     }
                 }
             }
+            // After a Terminate nothing more is processed. Read and drop what the peer still
+            // sends, so that unread bytes or its FIN do not keep the socket readable (which would
+            // wake the progress thread in a loop), and notice when it closes.
+            let mut discard = [0u8; 16384];
+            while budget > 0 && closed.is_none() && engine.phase() != EnginePhase::Running {
+                match (&*sock).read(&mut discard) {
+                    Ok(0) => closed = Some("the peer closed the connection".into()),
+                    Ok(n) => budget = budget.saturating_sub(n),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => closed = Some(format!("connection lost: {e}")),
+                }
+            }
             if budget == 0 {
                 self.kick();
             }
@@ -549,12 +586,33 @@ impl TcpConn {
             // Let the Terminate reach the peer before the FIN.
             return self.close(st, Some(ConnEvent::Disconnected { reason: why }));
         }
+        if engine.phase() != EnginePhase::Running {
+            // The Terminate waits behind bytes the peer does not read. Wait for it a bounded time.
+            let now = Instant::now();
+            match st.linger {
+                None => {
+                    st.linger = Some(now + super::TERMINATE_LINGER);
+                    self.set_timer(now + super::TERMINATE_LINGER);
+                }
+                Some(at) if now >= at => {
+                    let why = engine.close_reason.clone().unwrap_or_default();
+                    tracing::warn!(peer = %self.peer, %why, linger = ?super::TERMINATE_LINGER, "the peer did not read our Terminate: closing the connection");
+                    let reason = format!(
+                        "{why} (the Terminate was not delivered: the peer read nothing for {:?})",
+                        super::TERMINATE_LINGER
+                    );
+                    return self.close(st, Some(ConnEvent::Disconnected { reason }));
+                }
+                Some(_) => {}
+            }
+        }
         self.set_write_interest(st, blocked, true);
     }
 }
 
 impl Source for TcpConn {
     fn on_event(&self, _token: Token, ev: Event) {
+        self.wakeups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut st = self.lock();
         match st.phase {
             Phase::Connecting { .. } => self.on_connecting(&mut st, ev),
@@ -566,7 +624,12 @@ impl Source for TcpConn {
                 }
             }
             Phase::AwaitAccept { .. } => {
-                if ev.error {
+                // Read interest is off while the application decides, so only a hang-up or an
+                // error is reported here. Both are level-triggered: close now, or they would
+                // wake the progress thread in a loop until the decision. `accept` then fails
+                // with ECONNRESET.
+                if ev.error || ev.readable {
+                    tracing::debug!(peer = %self.peer, "the peer hung up before its connection request was decided: closing");
                     self.close(&mut st, None);
                 }
             }

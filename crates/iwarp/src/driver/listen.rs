@@ -10,11 +10,16 @@ use softrdma_verbs::{bail, Error, Qp, QpState, Result};
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// How long an accepted TCP connection may take to send its MPA Request.
+/// The largest MPA Request or Reply: the 20-byte header and 512 bytes of private data.
+pub(crate) const MAX_MPA_FRAME: usize = softrdma_wire::MPA_HEADER_LEN + softrdma_wire::MPA_MAX_PD_LEN;
+
+/// How long an accepted TCP connection may take to send its MPA Request, by default
+/// ([`Listener::set_request_timeout`] changes it per listener). A peer that connects and then
+/// sends nothing, or only part of a request, is closed after this long.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 type RequestSink = Box<dyn Fn(ConnRequest) + Send + Sync>;
@@ -28,26 +33,61 @@ pub(crate) struct ListenShared {
     local: SocketAddr,
     backlog: usize,
     pending: AtomicUsize,
+    /// Bound on the MPA Request, in milliseconds.
+    request_timeout_ms: AtomicU64,
+    /// `accept` failed for lack of resources; retrying on a timer.
+    paused: AtomicBool,
     on_request: RequestSink,
 }
 
+/// How long a listener waits before accepting again after `accept` failed for lack of
+/// resources (EMFILE, ENFILE, ENOBUFS, ENOMEM). Meanwhile it leaves the readiness alone, so the
+/// connections waiting in the kernel's queue do not wake the progress thread in a loop.
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
 impl Source for ListenShared {
-    fn on_event(&self, _token: Token, _ev: Event) {
+    fn on_event(&self, _token: Token, ev: Event) {
         let Ok(guard) = self.sock.lock() else { return };
         let Some(sock) = guard.as_ref() else { return };
+        if self.paused.load(Ordering::Acquire) && !ev.timer {
+            return;
+        }
         loop {
             match sock.accept() {
                 Ok((s, peer)) => {
+                    self.resume();
                     let peer = peer.as_socket().unwrap_or(self.local);
                     if let Err(e) = self.start_handshake(s, peer) {
                         tracing::warn!(listener = %self.local, %peer, error = %e, "cannot track incoming connection");
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.resume();
+                    break;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // One connection failed (reset while queued, refused by a firewall hook): next.
+                Err(e)
+                    if e.kind() == ErrorKind::ConnectionAborted
+                        || matches!(e.raw_os_error(), Some(libc::EPROTO | libc::EPERM)) =>
+                {
+                    tracing::debug!(listener = %self.local, error = %e, "accept: connection dropped");
+                }
                 Err(e) => {
-                    // EMFILE and friends: log and retry on the next readiness event.
-                    tracing::warn!(listener = %self.local, error = %e, "accept failed");
+                    // EMFILE and friends. The listening socket stays readable, so retrying at
+                    // once would spin the progress thread: stop watching it and retry later.
+                    if !self.paused.swap(true, Ordering::AcqRel) {
+                        tracing::warn!(
+                            listener = %self.local,
+                            error = %e,
+                            retry = ?ACCEPT_RETRY,
+                            "accept failed: not accepting connections until it succeeds again"
+                        );
+                        self.set_read_interest(false);
+                    }
+                    if let Some(t) = self.token.get() {
+                        self.reactor.set_timer(*t, Instant::now() + ACCEPT_RETRY);
+                    }
                     break;
                 }
             }
@@ -56,14 +96,34 @@ impl Source for ListenShared {
 }
 
 impl ListenShared {
+    fn set_read_interest(&self, read: bool) {
+        if let Some(t) = self.token.get() {
+            self.reactor.set_interest(*t, self.fd, Interest { read, write: false });
+        }
+    }
+
+    /// Leaves the paused state after `accept` worked (or found the queue empty) again.
+    fn resume(&self) {
+        if self.paused.swap(false, Ordering::AcqRel) {
+            tracing::info!(listener = %self.local, "accepting connections again");
+            self.set_read_interest(true);
+        }
+    }
+
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms.load(Ordering::Relaxed))
+    }
+
     fn start_handshake(&self, s: Socket, peer: SocketAddr) -> Result<()> {
         s.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
         let _ = s.set_nodelay(true);
         let _ = s.set_cloexec(true);
         let local = s.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(self.local);
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let timeout = self.request_timeout();
+        let deadline = Instant::now() + timeout;
         let phase = Phase::AwaitRequest {
             deadline,
+            timeout,
             listener: self.me.clone(),
         };
         let conn = TcpConn::register(
@@ -93,15 +153,27 @@ pub(crate) fn deliver((l, req): Delivery) {
 }
 
 pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) -> Option<Delivery> {
-    let Phase::AwaitRequest { deadline, listener } = &st.phase else {
+    let Phase::AwaitRequest {
+        deadline,
+        timeout,
+        listener,
+    } = &st.phase
+    else {
         return None;
     };
-    let (deadline, listener) = (*deadline, listener.clone());
+    let (deadline, timeout, listener) = (*deadline, *timeout, listener.clone());
     let mut buf = [0u8; 4096];
     let mut eof = false;
     if let Some(sock) = st.sock.as_ref() {
+        // Never more than one whole MPA frame: anything the peer sends after its request stays
+        // in the socket for the engine, and a peer cannot grow this buffer or keep the
+        // progress thread here by sending without pause.
         loop {
-            match std::io::Read::read(&mut &*sock, &mut buf) {
+            let want = MAX_MPA_FRAME.saturating_sub(st.inbuf.len()).min(buf.len());
+            if want == 0 {
+                break;
+            }
+            match std::io::Read::read(&mut &*sock, &mut buf[..want]) {
                 Ok(0) => {
                     eof = true;
                     break;
@@ -123,6 +195,13 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) ->
                 reject_now(conn, st, frame.revision, "the listener was closed");
                 return None;
             };
+            if frame.markers {
+                // No application could accept it (the reply cannot agree to markers): reject
+                // at once, as Linux siw does, instead of handing over a request that can only fail.
+                tracing::warn!(listener = %l.local, peer = %conn.peer, "MPA request asks for markers, which softrdma does not implement: rejecting");
+                reject_now(conn, st, frame.revision, "markers requested");
+                return None;
+            }
             if l.pending.load(Ordering::Acquire) >= l.backlog {
                 tracing::warn!(listener = %l.local, peer = %conn.peer, backlog = l.backlog, "backlog full: rejecting connection request");
                 reject_now(conn, st, frame.revision, "backlog full");
@@ -140,22 +219,13 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) ->
                 decided: false,
             };
             st.phase = Phase::AwaitAccept { request: frame };
-            if let Some(t) = conn.token() {
-                conn_reactor().set_interest(
-                    t,
-                    conn.sock_fd(),
-                    Interest {
-                        read: false,
-                        write: false,
-                    },
-                );
-            }
+            conn.set_write_interest(st, false, false);
             return Some((l, req));
         }
         Ok(None) if eof || ev.error => conn.close(st, None),
         Ok(None) => {
             if Instant::now() >= deadline {
-                tracing::warn!(peer = %conn.peer, "no MPA request within {REQUEST_TIMEOUT:?}: closing");
+                tracing::warn!(local = %conn.local, peer = %conn.peer, ?timeout, "no complete MPA request within the handshake timeout: closing the connection");
                 conn.close(st, None);
             }
         }
@@ -165,14 +235,6 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) ->
         }
     }
     None
-}
-
-fn conn_reactor() -> &'static Arc<Reactor> {
-    // The reactor exists: the connection calling us is registered with it.
-    match Reactor::global() {
-        Ok(r) => r,
-        Err(_) => std::process::abort(),
-    }
 }
 
 fn reject_now(conn: &TcpConn, st: &mut ConnState, revision: u8, why: &str) {
@@ -246,8 +308,12 @@ impl Listener {
             local,
             backlog: backlog as usize,
             pending: AtomicUsize::new(0),
+            request_timeout_ms: AtomicU64::new(REQUEST_TIMEOUT.as_millis() as u64),
+            paused: AtomicBool::new(false),
             on_request: Box::new(on_request),
         });
+        // As for connections: the first event waits (on the socket lock) until the token is set.
+        let hold = shared.sock.lock();
         let token = reactor
             .register(
                 fd,
@@ -259,6 +325,7 @@ impl Listener {
             )
             .map_err(|e| Error::os(format!("listen on {addr}: epoll"), &e))?;
         let _ = shared.token.set(token);
+        drop(hold);
         Ok(Listener { shared })
     }
 
@@ -277,6 +344,13 @@ impl Listener {
     /// The bound address (with the port the kernel chose for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.shared.local
+    }
+
+    /// Bounds the time an accepted TCP connection has to deliver its whole MPA Request
+    /// (default [`REQUEST_TIMEOUT`]); connections accepted from now on are closed when it passes.
+    pub fn set_request_timeout(&self, timeout: Duration) {
+        let ms = timeout.as_millis().clamp(1, u64::MAX as u128) as u64;
+        self.shared.request_timeout_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Requests delivered but not yet accepted or rejected.
@@ -321,6 +395,11 @@ impl std::fmt::Debug for ConnRequest {
 }
 
 impl ConnRequest {
+    #[cfg(test)]
+    pub(crate) fn conn(&self) -> Option<&Arc<TcpConn>> {
+        self.conn.as_ref()
+    }
+
     fn decide(&mut self) {
         if !self.decided {
             self.decided = true;
@@ -362,10 +441,26 @@ impl ConnRequest {
             ord: params.ord,
             crc: params.crc,
         };
-        let (reply, neg) = handshake::build_accept(request, &mpa)?;
         let handle = ConnHandle { conn: conn.clone() };
-        qp.inner()
-            .connect_established(Arc::new(handle.clone()), neg.ord.min(255) as u8, neg.ird.min(255) as u8)?;
+        let revision = request.revision;
+        let settled = handshake::build_accept(request, &mpa).and_then(|(reply, neg)| {
+            qp.inner()
+                .connect_established(Arc::new(handle.clone()), neg.ord.min(255) as u8, neg.ird.min(255) as u8)?;
+            Ok((reply, neg))
+        });
+        let (reply, neg) = match settled {
+            Ok(v) => v,
+            Err(e) => {
+                // The request is decided: refuse it on the wire and close, rather than leave
+                // the connection open with nobody to time it out.
+                tracing::warn!(peer = %self.peer_addr, error = %e, "accept failed: rejecting the connection");
+                if let Ok(bytes) = handshake::build_reject(revision, &[]) {
+                    st.set_out(bytes);
+                }
+                st.flush_blocking_then_close(&conn);
+                return Err(e);
+            }
+        };
         let cfg = EngineConfig {
             crc: neg.crc,
             ird: neg.ird,
@@ -375,26 +470,15 @@ impl ConnRequest {
         };
         let mut engine = Box::new(Engine::new(qp.inner().clone(), cfg));
         let early = std::mem::take(&mut st.inbuf);
-        if !early.is_empty() {
-            let space = engine.rx_space();
-            let n = early.len().min(space.len());
-            space[..n].copy_from_slice(&early[..n]);
-            engine.rx_commit(n);
-        }
+        super::conn::feed(&mut engine, &early);
         st.set_out(reply);
         st.set_sink(sink.clone());
         st.phase = Phase::Established { engine };
+        // Through the connection's own bookkeeping: the data path turns write interest off
+        // again once the Reply is out (set directly, it stayed on, and an idle connection woke
+        // the progress thread in a loop).
+        conn.set_write_interest(&mut st, true, true);
         drop(st);
-        if let Some(t) = conn.token() {
-            conn_reactor().set_interest(
-                t,
-                conn.sock_fd(),
-                Interest {
-                    read: true,
-                    write: true,
-                },
-            );
-        }
         conn.kick();
         sink(ConnEvent::Established {
             private_data: neg.peer_private_data,

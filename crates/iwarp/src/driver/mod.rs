@@ -6,9 +6,11 @@
 
 mod conn;
 mod listen;
+#[cfg(test)]
+mod tests;
 
 pub use conn::{connect, connect_blocking, connect_socket, ConnHandle};
-pub use listen::{ConnRequest, Listener};
+pub use listen::{ConnRequest, Listener, ACCEPT_RETRY, REQUEST_TIMEOUT};
 
 use softrdma_verbs::Errno;
 use std::net::SocketAddr;
@@ -93,3 +95,7 @@ impl Default for ConnectParams {
         }
     }
 }
+
+/// How long a connection that sent a Terminate waits for the peer to take it. A peer that
+/// stops reading cannot hold the connection (and its fd) longer than this.
+pub const TERMINATE_LINGER: Duration = Duration::from_secs(5);

@@ -83,7 +83,15 @@ impl Engine {
         let (hdr, hlen) = match SegmentHeader::parse(ulpdu) {
             Ok(h) => h,
             Err(e) => {
+                // RFC 5041 §7.2 has an "invalid DDP version" code for each buffer model; the
+                // T bit still tells which one the segment claims (as Linux siw reads it).
+                let tagged = ulpdu.first().is_some_and(|c| c & 0x80 != 0);
                 let codes = match e {
+                    WireError::BadDdpVersion(_) if tagged => (
+                        TermLayer::Ddp,
+                        term::ddp::TAGGED_BUFFER,
+                        term::ddp::tagged::INVALID_DDP_VERSION,
+                    ),
                     WireError::BadDdpVersion(_) => (
                         TermLayer::Ddp,
                         term::ddp::UNTAGGED_BUFFER,

@@ -494,3 +494,64 @@ fn clean_close_completes_what_the_peer_acknowledged() {
     assert_eq!(s, vec![(10, WcStatus::Success), (11, WcStatus::WrFlushErr)]);
     assert_eq!(polls(&b.cq).len(), 1);
 }
+
+/// The one Terminate an engine has queued.
+fn queued_terminate(e: &Engine) -> softrdma_wire::Terminate {
+    let out = e.tx_pending();
+    let f = softrdma_wire::parse_fpdu(out, true).unwrap().expect("one whole FPDU");
+    assert_eq!(f.wire_len, out.len(), "only the Terminate is queued");
+    let (h, n) = softrdma_wire::SegmentHeader::parse(f.ulpdu).unwrap();
+    assert_eq!(h.opcode, softrdma_wire::Opcode::Terminate);
+    softrdma_wire::Terminate::parse(&f.ulpdu[n..]).unwrap()
+}
+
+#[test]
+fn bad_ddp_version_terminates_with_the_code_of_the_segments_buffer_model() {
+    use softrdma_wire::{term, DdpHeader, Opcode, SegmentHeader, TermLayer};
+    let write = SegmentHeader {
+        last: true,
+        opcode: Opcode::RdmaWrite,
+        ddp: DdpHeader::Tagged {
+            stag: 0x1234_5600,
+            to: 0,
+        },
+    };
+    let send = SegmentHeader {
+        last: true,
+        opcode: Opcode::Send,
+        ddp: DdpHeader::Untagged {
+            inval_stag: 0,
+            qn: softrdma_wire::QN_SEND,
+            msn: 1,
+            mo: 0,
+        },
+    };
+    let cases = [
+        (write, term::ddp::TAGGED_BUFFER, term::ddp::tagged::INVALID_DDP_VERSION),
+        (
+            send,
+            term::ddp::UNTAGGED_BUFFER,
+            term::ddp::untagged::INVALID_DDP_VERSION,
+        ),
+    ];
+    for (hdr, etype, ecode) in cases {
+        let (_a, mut b) = pair();
+        let mut ulpdu = Vec::new();
+        hdr.emit(&mut ulpdu);
+        ulpdu.extend_from_slice(b"payload");
+        ulpdu[0] = (ulpdu[0] & !0x03) | 2; // DDP version 2
+        let mut f = Vec::new();
+        softrdma_wire::emit_fpdu(&[&ulpdu], true, &mut f).unwrap();
+        b.engine.rx_space()[..f.len()].copy_from_slice(&f);
+        b.engine.rx_commit(f.len());
+        assert_eq!(b.engine.phase(), Phase::Terminating);
+        let t = queued_terminate(&b.engine);
+        assert_eq!(
+            (t.layer, t.etype, t.ecode),
+            (TermLayer::Ddp, etype, ecode),
+            "{}",
+            t.describe()
+        );
+        assert_eq!(b.qp.state(), QpState::Err);
+    }
+}

@@ -1,10 +1,12 @@
 //! Device and port attributes, field for field like rdma-core's `struct ibv_device_attr` and
-//! `struct ibv_port_attr`. Values follow Linux siw (`siw_query_device` / `siw_query_port`),
+//! `struct ibv_port_attr`. Soft-iWARP values follow Linux siw (`siw_query_device` /
+//! `siw_query_port`), soft-RoCE values Linux rxe (`rxe_query_device` / `rxe_query_port`),
 //! except where a doc comment says otherwise.
 
 use std::fmt;
 
-/// Limits every soft-iWARP device reports. Same as Linux siw unless noted.
+/// Limits every soft-iWARP device reports. Same as Linux siw unless noted. Soft-RoCE devices
+/// share the queue and object limits (same verbs core) and differ where [`limits::roce`] says.
 pub mod limits {
     /// `vendor_id`: 0xFFFFFF, not siw's 0x626d74 ("bmt"), so perftest uses its generic path.
     pub const VENDOR_ID: u32 = 0xFF_FFFF;
@@ -55,6 +57,42 @@ pub mod limits {
     pub const PHYS_STATE_DISABLED: u8 = 3;
     /// `IBV_LINK_LAYER_ETHERNET`: what the kernel reports for every iWARP port.
     pub const LINK_LAYER_ETHERNET: u8 = 2;
+
+    /// Soft-RoCE values that differ from soft-iWARP's (Linux rxe's unless noted).
+    pub mod roce {
+        /// `IBV_DEVICE_UD_AV_PORT_ENFORCE` | `SYS_IMAGE_GUID` | `RC_RNR_NAK_GEN` |
+        /// `MEM_MGT_EXTENSIONS`: rxe's flags without the ones for features softrdma lacks
+        /// (P_Key/Q_Key violation counters, path migration, port change and active events,
+        /// SRQ resize, memory windows).
+        pub const DEVICE_CAP_FLAGS: u32 = (1 << 6) | (1 << 11) | (1 << 12) | super::DEVICE_CAP_MEM_MGT_EXTENSIONS;
+        /// Scatter/gather entries per WR, also for RDMA Read and SRQ WRs (rxe: 32).
+        pub const MAX_SGE: i32 = 32;
+        /// Outstanding RDMA Reads/atomics per QP, both directions. rxe allows 128; softrdma
+        /// reports the soft-iWARP value, which is smaller.
+        pub const MAX_RD_ATOM: i32 = if super::MAX_ORD < 128 { super::MAX_ORD } else { 128 };
+        /// Address handles per device.
+        pub const MAX_AH: i32 = 0x7fff;
+        /// Multicast groups per device (rxe: 8192).
+        pub const MAX_MCAST_GRP: i32 = 8192;
+        /// QPs per multicast group (rxe: 56).
+        pub const MAX_MCAST_QP_ATTACH: i32 = 56;
+        /// Multicast attachments in total (rxe: 0x70000).
+        pub const MAX_TOTAL_MCAST_QP_ATTACH: i32 = 0x7_0000;
+        /// P_Key table length: one entry, the default P_Key 0xffff.
+        pub const PKEY_TBL_LEN: u16 = 1;
+        /// Local CA ACK delay (rxe: 15).
+        pub const LOCAL_CA_ACK_DELAY: u8 = 15;
+        /// Port capabilities as rxe: CM, device management and vendor class support (no SM).
+        pub const PORT_CAP_FLAGS: u32 = super::PORT_CAP_CM_SUP | super::PORT_CAP_DEVICE_MGMT_SUP | (1 << 23);
+        /// Largest message: 2^31 bytes (the IBTA limit; rxe reports 8 MiB).
+        pub const MAX_MSG_SZ: u32 = 1 << 31;
+        /// Virtual lanes (rxe: 1).
+        pub const MAX_VL_NUM: u8 = 1;
+        /// Bytes a RoCEv2 packet adds to its payload, and headroom, when the port MTU is fitted
+        /// into the netdev MTU: IPv4 20 + UDP 8 + BTH 12 + ICRC 4 + 40 for extension headers
+        /// (RETH/AETH/DETH/ImmDt/AtomicETH) or the larger IPv6 header.
+        pub const MTU_OVERHEAD: u32 = 20 + 8 + 12 + 4 + 40;
+    }
 }
 
 /// `enum ibv_port_state` (without NOP and ACTIVE_DEFER, which a soft device never reports).
@@ -119,6 +157,13 @@ impl Mtu {
             512..=1023 => Mtu::M512,
             _ => Mtu::M256,
         }
+    }
+
+    /// The largest IB MTU whose packets fit a netdev MTU of `netdev_mtu` bytes over RoCEv2:
+    /// payload + [`limits::roce::MTU_OVERHEAD`] (84) ≤ `netdev_mtu`; 256 if none fits.
+    /// 65536 (lo) and 9000 → 4096, 1500 → 1024.
+    pub fn for_roce(netdev_mtu: u32) -> Mtu {
+        Mtu::from_bytes(netdev_mtu.saturating_sub(limits::roce::MTU_OVERHEAD))
     }
 
     /// The MTU in bytes.
@@ -205,13 +250,13 @@ pub struct DeviceAttr {
     pub max_raw_ipv6_qp: i32,
     /// Maximum raw Ethertype QPs (0).
     pub max_raw_ethy_qp: i32,
-    /// Maximum multicast groups (0).
+    /// Maximum multicast groups (0 for iWARP).
     pub max_mcast_grp: i32,
-    /// Maximum QPs per multicast group (0).
+    /// Maximum QPs per multicast group (0 for iWARP).
     pub max_mcast_qp_attach: i32,
-    /// Maximum multicast attachments in total (0).
+    /// Maximum multicast attachments in total (0 for iWARP).
     pub max_total_mcast_qp_attach: i32,
-    /// Maximum address handles (0: iWARP has no UD).
+    /// Maximum address handles (0 for iWARP, which has no UD).
     pub max_ah: i32,
     /// Maximum FMRs (0: not supported).
     pub max_fmr: i32,
@@ -276,6 +321,30 @@ impl DeviceAttr {
             max_pkeys: 0,
             local_ca_ack_delay: 0,
             phys_port_cnt: 1,
+        }
+    }
+
+    /// The attributes of a soft-RoCE device whose node GUID is `node_guid`: soft-iWARP's
+    /// queue and object limits, and rxe's RoCE-specific values (see [`limits::roce`]):
+    /// atomics (`IBV_ATOMIC_HCA`), address handles, multicast, one P_Key.
+    pub(crate) fn soft_roce(node_guid: u64) -> DeviceAttr {
+        use limits::roce;
+        DeviceAttr {
+            device_cap_flags: roce::DEVICE_CAP_FLAGS,
+            max_sge: roce::MAX_SGE,
+            max_sge_rd: roce::MAX_SGE,
+            max_qp_rd_atom: roce::MAX_RD_ATOM,
+            max_res_rd_atom: limits::MAX_QP * roce::MAX_RD_ATOM,
+            max_qp_init_rd_atom: roce::MAX_RD_ATOM,
+            atomic_cap: AtomicCap::Hca,
+            max_mcast_grp: roce::MAX_MCAST_GRP,
+            max_mcast_qp_attach: roce::MAX_MCAST_QP_ATTACH,
+            max_total_mcast_qp_attach: roce::MAX_TOTAL_MCAST_QP_ATTACH,
+            max_ah: roce::MAX_AH,
+            max_srq_sge: roce::MAX_SGE,
+            max_pkeys: roce::PKEY_TBL_LEN,
+            local_ca_ack_delay: roce::LOCAL_CA_ACK_DELAY,
+            ..DeviceAttr::soft_iwarp(node_guid)
         }
     }
 }
@@ -374,6 +443,28 @@ impl PortAttr {
     }
 }
 
+impl PortAttr {
+    /// The attributes of a soft-RoCE port on a netdev with this MTU and link speed, whose GID
+    /// table holds `gid_count` entries.
+    ///
+    /// Like rxe: Ethernet link layer, max MTU 4096, active MTU from [`Mtu::for_roce`], one
+    /// P_Key, one VL, LID 0, no SM capability bit; `gid_tbl_len` is the number of GIDs (at
+    /// least 1). State, physical state, width and speed as for soft-iWARP.
+    pub(crate) fn soft_roce(state: PortState, netdev_mtu: u32, speed_mbps: Option<u32>, gid_count: usize) -> Self {
+        use limits::roce;
+        PortAttr {
+            max_mtu: Mtu::M4096,
+            active_mtu: Mtu::for_roce(netdev_mtu),
+            gid_tbl_len: i32::try_from(gid_count.max(1)).unwrap_or(i32::MAX),
+            port_cap_flags: roce::PORT_CAP_FLAGS,
+            max_msg_sz: roce::MAX_MSG_SZ,
+            pkey_tbl_len: roce::PKEY_TBL_LEN,
+            max_vl_num: roce::MAX_VL_NUM,
+            ..PortAttr::soft_iwarp(state, netdev_mtu, speed_mbps)
+        }
+    }
+}
+
 /// (IB width, IB speed) for an Ethernet speed in Mb/s, as the kernel maps a netdev that
 /// does not report its lane count.
 fn ib_width_speed(mbps: u32) -> (u8, u8) {
@@ -447,6 +538,58 @@ mod tests {
         assert_eq!(down.max_mtu, Mtu::M1024);
         assert_eq!((down.active_width, down.active_speed), (1, 8));
         assert_eq!(PortState::Down.to_string(), "DOWN");
+    }
+
+    #[test]
+    fn roce_mtu_leaves_room_for_the_headers() {
+        assert_eq!(Mtu::for_roce(65536), Mtu::M4096);
+        assert_eq!(Mtu::for_roce(9000), Mtu::M4096);
+        assert_eq!(Mtu::for_roce(4096 + 84), Mtu::M4096);
+        assert_eq!(Mtu::for_roce(4096 + 83), Mtu::M2048);
+        assert_eq!(Mtu::for_roce(4096), Mtu::M2048);
+        assert_eq!(Mtu::for_roce(1500), Mtu::M1024);
+        assert_eq!(Mtu::for_roce(1024 + 84), Mtu::M1024);
+        assert_eq!(Mtu::for_roce(1024 + 83), Mtu::M512);
+        assert_eq!(Mtu::for_roce(0), Mtu::M256);
+    }
+
+    #[test]
+    fn port_attr_like_rxe() {
+        let up = PortAttr::soft_roce(PortState::Active, 1500, Some(10_000), 3);
+        assert_eq!(up.state, PortState::Active);
+        assert_eq!(up.phys_state, 5);
+        assert_eq!(up.link_layer, 2);
+        assert_eq!(up.max_mtu, Mtu::M4096);
+        assert_eq!(up.active_mtu, Mtu::M1024);
+        assert_eq!(up.gid_tbl_len, 3);
+        assert_eq!(up.pkey_tbl_len, 1);
+        assert_eq!(up.lid, 0);
+        assert_eq!(up.max_vl_num, 1);
+        assert_eq!(up.port_cap_flags & (1 << 1), 0, "no SM bit");
+        assert_ne!(up.port_cap_flags & limits::PORT_CAP_CM_SUP, 0);
+        assert_eq!((up.active_width, up.active_speed), (1, 8));
+        let down = PortAttr::soft_roce(PortState::Down, 65536, None, 0);
+        assert_eq!(down.phys_state, 3);
+        assert_eq!(down.active_mtu, Mtu::M4096);
+        assert_eq!(down.gid_tbl_len, 1, "at least one entry");
+    }
+
+    #[test]
+    fn device_attr_like_rxe() {
+        let a = DeviceAttr::soft_roce(0x1234);
+        assert_eq!(a.vendor_id, 0xFF_FFFF);
+        assert_eq!(a.vendor_part_id, 0);
+        assert_eq!(a.atomic_cap, AtomicCap::Hca);
+        assert_eq!(a.max_qp_rd_atom, 32);
+        assert_eq!(a.max_qp_init_rd_atom, 32);
+        assert_eq!(a.max_sge, 32);
+        assert_eq!(a.max_sge_rd, 32);
+        assert!(a.max_ah > 0 && a.max_mcast_grp > 0 && a.max_mcast_qp_attach > 0);
+        assert!(a.max_total_mcast_qp_attach >= a.max_mcast_qp_attach);
+        assert_eq!(a.max_pkeys, 1);
+        assert_eq!(a.max_mw, 0);
+        assert_eq!(a.node_guid, 0x1234);
+        assert_eq!(a.max_qp, DeviceAttr::soft_iwarp(0).max_qp);
     }
 
     #[test]

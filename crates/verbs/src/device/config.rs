@@ -3,13 +3,15 @@
 //! ```toml
 //! [[device]]
 //! name = "siw_lo"
-//! transport = "iwarp"
+//! transport = "iwarp"  # or "roce"
 //! netdev = "lo"
 //! loopback = false    # optional, default true
 //! ```
 //!
 //! Only `[[device]]` tables are allowed; unknown keys are errors. A file with no tables
-//! defines zero devices. Every error is EINVAL and names the file and the line: toml's own
+//! defines zero devices. `SOFTRDMA_TRANSPORTS` (see
+//! [`TRANSPORTS_ENV`](super::TRANSPORTS_ENV)) only shapes the default list: with a
+//! configuration file it is ignored. Every error is EINVAL and names the file and the line: toml's own
 //! errors point at the offending text, semantic errors at the `[[device]]` table.
 
 use std::path::Path;
@@ -31,7 +33,7 @@ const MAX_NAME_LEN: usize = 63;
 pub struct DeviceSpec {
     /// Device name, e.g. `siw_lo`.
     pub name: String,
-    /// Transport (`transport = "iwarp"`).
+    /// Transport (`transport = "iwarp"` or `"roce"`).
     pub transport: TransportKind,
     /// The interface the device sits on.
     pub netdev: String,
@@ -250,17 +252,15 @@ mod tests {
         assert_eq!(
             e.msg,
             "/etc/softrdma.toml: line 6: device \"b\": unknown transport \"infiniband\" \
-             (expected \"iwarp\")"
+             (expected \"iwarp\" or \"roce\")"
         );
     }
 
     #[test]
-    fn roce_is_not_available_yet() {
-        let e = parse("[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n").unwrap_err();
-        assert_eq!(
-            e.msg,
-            "/etc/softrdma.toml: line 1: device \"rxe_lo\": transport roce is not available yet"
-        );
+    fn roce_devices_are_accepted() {
+        let cfg = parse("[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n").unwrap();
+        assert_eq!(cfg.devices[0].transport, TransportKind::Roce);
+        assert_eq!(cfg.devices[0].name, "rxe_lo");
     }
 
     #[test]

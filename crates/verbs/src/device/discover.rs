@@ -7,28 +7,33 @@ use super::attrs::PortState;
 use super::config::{Config, CONFIG_ENV};
 use super::info::{DeviceInfo, LOOPBACK_DISABLED_BY_CONFIG};
 use super::netif::{list_interfaces, NetIf};
-use super::transport::TransportKind;
+use super::transport::{TransportKind, TRANSPORTS_ENV};
 use crate::{Errno, Error, Result};
 
 /// The devices of this host, read afresh on every call.
 ///
 /// If `SOFTRDMA_CONFIG` is set and non-empty, exactly the devices that file lists (an
 /// unreadable or invalid file is an error naming the file and line). Otherwise one device per
-/// transport on every interface that is UP and has at least one address; see
-/// [`devices_from`].
+/// transport on every interface that is UP and has at least one address, the transports
+/// being those `SOFTRDMA_TRANSPORTS` names, in its order (default: all, iWARP first); see
+/// [`default_devices`].
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
-    let config = match std::env::var_os(CONFIG_ENV) {
-        Some(path) if !path.is_empty() => Some(Config::load(Path::new(&path))?),
-        _ => None,
-    };
-    devices_from(&list_interfaces()?, config.as_ref())
+    match std::env::var_os(CONFIG_ENV) {
+        Some(path) if !path.is_empty() => {
+            let config = Config::load(Path::new(&path))?;
+            devices_from(&list_interfaces()?, Some(&config))
+        }
+        _ => {
+            let transports = TransportKind::from_env()?;
+            Ok(default_devices(&list_interfaces()?, &transports))
+        }
+    }
 }
 
 /// Builds the device list from an interface list and an optional configuration.
 ///
-/// Without a configuration: a device named `<prefix>_<ifname>` (`siw_lo`, `siw_eth0`) for each
-/// transport on each interface that is UP and has an address; loopback interfaces first, then
-/// in ifindex order. Every such device has `loopback = true`.
+/// Without a configuration: [`default_devices`] with every transport
+/// ([`TransportKind::ALL`]).
 ///
 /// With one: exactly its devices, in file order. A netdev that does not exist is an error
 /// naming the table's line; one that is down yields port state DOWN.
@@ -36,7 +41,7 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
 /// In both cases the port is ACTIVE only if the netdev is UP and RUNNING.
 pub fn devices_from(ifaces: &[NetIf], config: Option<&Config>) -> Result<Vec<DeviceInfo>> {
     let Some(config) = config else {
-        return Ok(default_devices(ifaces));
+        return Ok(default_devices(ifaces, TransportKind::ALL));
     };
     let mut out = Vec::with_capacity(config.devices.len());
     for spec in &config.devices {
@@ -62,7 +67,12 @@ pub fn devices_from(ifaces: &[NetIf], config: Option<&Config>) -> Result<Vec<Dev
     Ok(out)
 }
 
-fn default_devices(ifaces: &[NetIf]) -> Vec<DeviceInfo> {
+/// The default device list: a device named `<prefix>_<ifname>` for each of `transports`, in
+/// that order, on each interface that is UP and has an address (`siw_lo`, `rxe_lo`,
+/// `siw_eth0`, `rxe_eth0` with every transport); loopback interfaces first, then in ifindex
+/// order. Every such device has `loopback = true`; its port is ACTIVE only if the netdev is UP
+/// and RUNNING.
+pub fn default_devices(ifaces: &[NetIf], transports: &[TransportKind]) -> Vec<DeviceInfo> {
     let mut eligible: Vec<&NetIf> = ifaces
         .iter()
         .filter(|i| {
@@ -78,7 +88,7 @@ fn default_devices(ifaces: &[NetIf]) -> Vec<DeviceInfo> {
     eligible
         .into_iter()
         .flat_map(|i| {
-            TransportKind::ALL
+            transports
                 .iter()
                 .map(move |&t| device_on(i, t, t.default_device_name(&i.name)))
         })
@@ -119,6 +129,11 @@ pub fn find_device(name: &str) -> Result<DeviceInfo> {
         available.push_str(&format!(
             "; the list comes from {CONFIG_ENV}={}",
             Path::new(&path).display()
+        ));
+    } else if let Some(t) = std::env::var_os(TRANSPORTS_ENV).filter(|t| !t.is_empty()) {
+        available.push_str(&format!(
+            "; {TRANSPORTS_ENV}={} limits the transports",
+            t.to_string_lossy()
         ));
     }
     Err(Error::new(
@@ -185,11 +200,42 @@ mod tests {
     fn default_list_is_lo_first_then_ifindex() {
         let devs = devices_from(&host(), None).unwrap();
         let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["siw_lo", "siw_eth0", "siw_eth1"]);
+        assert_eq!(
+            names,
+            ["siw_lo", "rxe_lo", "siw_eth0", "rxe_eth0", "siw_eth1", "rxe_eth1"]
+        );
         assert!(devs.iter().all(|d| d.loopback && d.loopback_reason.is_none()));
         assert_eq!(devs[0].port_state, PortState::Active);
         assert!(devs[0].is_loopback_netdev);
-        assert_eq!(devs[2].port_state, PortState::Down, "UP without carrier");
+        assert_eq!(devs[1].transport, TransportKind::Roce);
+        assert_eq!(devs[4].port_state, PortState::Down, "UP without carrier");
+        assert_eq!(devs[5].port_state, PortState::Down, "UP without carrier");
+    }
+
+    #[test]
+    fn transports_filter_and_order_the_default_list() {
+        let names =
+            |t: &[TransportKind]| -> Vec<String> { default_devices(&host(), t).into_iter().map(|d| d.name).collect() };
+        assert_eq!(names(&[TransportKind::Roce]), ["rxe_lo", "rxe_eth0", "rxe_eth1"]);
+        assert_eq!(
+            names(&[TransportKind::Roce, TransportKind::Iwarp]),
+            ["rxe_lo", "siw_lo", "rxe_eth0", "siw_eth0", "rxe_eth1", "siw_eth1"]
+        );
+        assert!(names(&[]).is_empty());
+    }
+
+    #[test]
+    fn config_accepts_roce_devices() {
+        let cfg = Config::parse(
+            "cfg.toml",
+            "[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n",
+        )
+        .unwrap();
+        let devs = devices_from(&host(), Some(&cfg)).unwrap();
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].name, "rxe_lo");
+        assert_eq!(devs[0].transport, TransportKind::Roce);
+        assert_eq!(devs[0].gid_index_of("127.0.0.1".parse().unwrap()), Some(0));
     }
 
     #[test]

@@ -1,4 +1,8 @@
-//! GIDs and GUIDs of soft-iWARP devices, and how they are derived.
+//! GIDs and GUIDs, and how they are derived.
+//!
+//! A soft-RoCE device's GIDs are its netdev's IP addresses (see
+//! [`DeviceInfo::gids`](super::DeviceInfo::gids)): an IPv4 address as the IPv4-mapped IPv6
+//! address `::ffff:a.b.c.d` ([`Gid::from_ip`], [`gid_to_ip`]), every entry of type RoCE v2.
 //!
 //! Every device has a 6-byte *hardware identity* `hw`:
 //! - the netdev's MAC address, if it has a non-zero one;
@@ -7,7 +11,8 @@
 //!   bit 0 of the first byte cleared (unicast) and bit 1 set (locally administered).
 //!
 //! From it:
-//! - GID index 0 = `hw` in bytes 0..6, bytes 6..16 zero (siw's `siw_query_gid`);
+//! - the soft-iWARP GID (index 0, its only one) = `hw` in bytes 0..6, bytes 6..16 zero
+//!   (siw's `siw_query_gid`);
 //! - node GUID = sys image GUID = the EUI-64 of `hw` (siw's `addrconf_addr_eui48`: bytes
 //!   `hw[0]^0x02, hw[1], hw[2], 0xff, 0xfe, hw[3], hw[4], hw[5]`), as a big-endian u64.
 //!
@@ -17,6 +22,7 @@
 //! `lo` whose names share a 6-byte prefix (`siw_lo` and `siw_lo2`), hence the hash.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
 
 /// A 16-byte GID, as `union ibv_gid` holds it (network byte order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -28,6 +34,90 @@ impl Gid {
         let mut raw = [0u8; 16];
         raw[..6].copy_from_slice(&hw);
         Gid(raw)
+    }
+
+    /// The RoCE v2 GID of an IP address: an IPv6 address as it is, an IPv4 address as the
+    /// IPv4-mapped IPv6 address `::ffff:a.b.c.d`.
+    pub fn from_ip(ip: IpAddr) -> Gid {
+        let v6 = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        Gid(v6.octets())
+    }
+
+    /// True for an all-zero (empty) GID.
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+
+    /// True for a multicast GID: `ff00::/8`, or an IPv4-mapped IPv4 multicast address
+    /// (`::ffff:224.0.0.0/100`), as the kernel's `rdma_is_multicast_addr`.
+    pub fn is_multicast(&self) -> bool {
+        match gid_to_ip(*self) {
+            IpAddr::V4(v4) => v4.is_multicast(),
+            IpAddr::V6(v6) => v6.is_multicast(),
+        }
+    }
+}
+
+/// The IP address a RoCE v2 GID stands for: an IPv4-mapped GID (`::ffff:a.b.c.d`) is the
+/// IPv4 address `a.b.c.d`, any other GID the IPv6 address with its bytes.
+pub fn gid_to_ip(gid: Gid) -> IpAddr {
+    Ipv6Addr::from(gid.0).to_canonical()
+}
+
+/// The type of a GID table entry (`enum ibv_gid_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GidType {
+    /// IB (`IBV_GID_TYPE_IB`, 0): also what an iWARP port reports.
+    Ib,
+    /// RoCE v1 (`IBV_GID_TYPE_ROCE_V1`, 1): GRH over Ethernet; softrdma has none.
+    RoceV1,
+    /// RoCE v2 (`IBV_GID_TYPE_ROCE_V2`, 2): IP/UDP encapsulation, every soft-RoCE GID.
+    RoceV2,
+}
+
+impl GidType {
+    /// The `enum ibv_gid_type` value: IB 0, RoCE v1 1, RoCE v2 2.
+    pub fn ibv_value(self) -> u32 {
+        match self {
+            GidType::Ib => 0,
+            GidType::RoceV1 => 1,
+            GidType::RoceV2 => 2,
+        }
+    }
+
+    /// The `enum ibv_gid_type_sysfs` value (`ibv_query_gid_type`): 0 for IB and RoCE v1,
+    /// 1 for RoCE v2.
+    pub fn sysfs_value(self) -> u32 {
+        match self {
+            GidType::Ib | GidType::RoceV1 => 0,
+            GidType::RoceV2 => 1,
+        }
+    }
+
+    /// What the kernel's `ports/N/gid_attrs/types/I` file says: `IB/RoCE v1` or `RoCE v2`.
+    pub fn sysfs_str(self) -> &'static str {
+        match self {
+            GidType::Ib | GidType::RoceV1 => "IB/RoCE v1",
+            GidType::RoceV2 => "RoCE v2",
+        }
+    }
+
+    /// A short name: `IB`, `RoCE v1`, `RoCE v2`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GidType::Ib => "IB",
+            GidType::RoceV1 => "RoCE v1",
+            GidType::RoceV2 => "RoCE v2",
+        }
+    }
+}
+
+impl fmt::Display for GidType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -95,6 +185,36 @@ mod tests {
         raw[15] = 0x01;
         assert_eq!(Gid(raw).to_string(), "fe80:0000:0000:0000:0000:0000:0000:0001");
         assert_eq!(Gid::default().to_string().len(), 39);
+    }
+
+    #[test]
+    fn ip_gids_and_back() {
+        let v4: IpAddr = "127.0.0.1".parse().unwrap();
+        let g = Gid::from_ip(v4);
+        assert_eq!(g.0, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]);
+        assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:7f00:0001");
+        assert_eq!(gid_to_ip(g), v4);
+        let v6: IpAddr = "fe80::1".parse().unwrap();
+        assert_eq!(gid_to_ip(Gid::from_ip(v6)), v6);
+        assert_eq!(
+            gid_to_ip(Gid::from_ip("::1".parse().unwrap())),
+            "::1".parse::<IpAddr>().unwrap()
+        );
+        assert!(Gid::default().is_zero());
+        assert!(!g.is_zero());
+        assert!(!g.is_multicast());
+        assert!(Gid::from_ip("239.1.2.3".parse().unwrap()).is_multicast());
+        assert!(Gid::from_ip("ff0e::1".parse().unwrap()).is_multicast());
+    }
+
+    #[test]
+    fn gid_type_values() {
+        assert_eq!(GidType::Ib.ibv_value(), 0);
+        assert_eq!(GidType::RoceV2.ibv_value(), 2);
+        assert_eq!(GidType::RoceV2.sysfs_value(), 1);
+        assert_eq!(GidType::RoceV1.sysfs_value(), 0);
+        assert_eq!(GidType::Ib.sysfs_str(), "IB/RoCE v1");
+        assert_eq!(GidType::RoceV2.to_string(), "RoCE v2");
     }
 
     #[test]

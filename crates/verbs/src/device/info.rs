@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use super::attrs::{DeviceAttr, PortAttr, PortState};
-use super::gid::{eui64_guid, hw_identity, Gid};
+use super::gid::{eui64_guid, hw_identity, Gid, GidType};
 use super::netif::IfAddr;
 use super::transport::TransportKind;
 
@@ -46,6 +46,7 @@ impl DeviceInfo {
     pub fn attr(&self) -> DeviceAttr {
         match self.transport {
             TransportKind::Iwarp => DeviceAttr::soft_iwarp(self.node_guid()),
+            TransportKind::Roce => DeviceAttr::soft_roce(self.node_guid()),
         }
     }
 
@@ -53,15 +54,73 @@ impl DeviceInfo {
     pub fn port_attr(&self) -> PortAttr {
         match self.transport {
             TransportKind::Iwarp => PortAttr::soft_iwarp(self.port_state, self.mtu, self.speed_mbps),
+            TransportKind::Roce => PortAttr::soft_roce(self.port_state, self.mtu, self.speed_mbps, self.gids().len()),
         }
     }
 
-    /// GID `index` of port 1; iWARP has only index 0 (see the `gid` module for its value).
-    pub fn gid(&self, index: usize) -> Option<Gid> {
-        match (self.transport, index) {
-            (TransportKind::Iwarp, 0) => Some(Gid::from_hw_addr(self.hw_identity())),
-            _ => None,
+    /// The GID table of port 1, index 0 first.
+    ///
+    /// - iWARP: one GID derived from the hardware identity (see the `gid` module).
+    /// - RoCE: the netdev's IP addresses, as the kernel's RoCE GID cache fills it: every IPv4
+    ///   address as an IPv4-mapped GID (`::ffff:a.b.c.d`), then every IPv6 address, global
+    ///   ones before link-local ones, each group in the order the kernel lists them. Every
+    ///   entry is of type RoCE v2. A netdev without addresses has an empty table (its port
+    ///   still reports one, empty, entry).
+    pub fn gids(&self) -> Vec<Gid> {
+        match self.transport {
+            TransportKind::Iwarp => vec![Gid::from_hw_addr(self.hw_identity())],
+            TransportKind::Roce => {
+                let v4 = self.addrs.iter().filter(|a| a.ip.is_ipv4());
+                let v6 = self.addrs.iter().filter(|a| a.ip.is_ipv6());
+                let (link_local, global): (Vec<&IfAddr>, Vec<&IfAddr>) = v6.partition(|a| a.is_link_local());
+                let mut out: Vec<Gid> = Vec::with_capacity(self.addrs.len());
+                for a in v4.chain(global).chain(link_local) {
+                    let gid = Gid::from_ip(a.ip);
+                    if !out.contains(&gid) {
+                        out.push(gid);
+                    }
+                }
+                out
+            }
         }
+    }
+
+    /// GID `index` of port 1 (see [`DeviceInfo::gids`]); None past the end of the table.
+    pub fn gid(&self, index: usize) -> Option<Gid> {
+        self.gids().get(index).copied()
+    }
+
+    /// The type of GID `index`: RoCE v2 for every soft-RoCE GID, IB for the soft-iWARP GID
+    /// (as the kernel reports an iWARP port's GID); None past the end of the table.
+    pub fn gid_type(&self, index: usize) -> Option<GidType> {
+        self.gid(index)?;
+        Some(match self.transport {
+            TransportKind::Iwarp => GidType::Ib,
+            TransportKind::Roce => GidType::RoceV2,
+        })
+    }
+
+    /// The index of the RoCE GID that stands for `ip` (IPv4-mapped IPv6 addresses count as
+    /// their IPv4 address, IPv6 scope ids are ignored). On a loopback netdev, an address it
+    /// owns only through its subnet (127.0.0.2 on `lo`) maps to its first GID of the same
+    /// family, the address the kernel would answer from. None if no GID fits, and always for
+    /// iWARP devices, whose GID is not an address.
+    pub fn gid_index_of(&self, ip: IpAddr) -> Option<usize> {
+        if self.transport != TransportKind::Roce {
+            return None;
+        }
+        let ip = ip.to_canonical();
+        let gids = self.gids();
+        let want = Gid::from_ip(ip);
+        if let Some(i) = gids.iter().position(|g| *g == want) {
+            return Some(i);
+        }
+        if self.is_loopback_netdev && self.owns_ip(ip) {
+            return gids
+                .iter()
+                .position(|g| super::gid::gid_to_ip(*g).is_ipv4() == ip.is_ipv4());
+        }
+        None
     }
 
     /// Node GUID: the EUI-64 of the MAC, or of a name-derived MAC for MAC-less netdevs.
@@ -140,6 +199,79 @@ mod tests {
         assert_eq!(d.node_guid(), 0x00fc_00ff_fe00_0001);
         assert_eq!(d.attr().node_guid, d.node_guid());
         assert!(!d.owns_ip("127.0.0.2".parse().unwrap()));
+    }
+
+    fn rxe(addrs: &[(&str, u32)]) -> DeviceInfo {
+        let mut d = lo();
+        d.name = "rxe_eth0".into();
+        d.transport = TransportKind::Roce;
+        d.netdev = "eth0".into();
+        d.mtu = 1500;
+        d.is_loopback_netdev = false;
+        d.addrs = addrs
+            .iter()
+            .map(|&(ip, scope_id)| IfAddr {
+                ip: ip.parse().unwrap(),
+                prefix_len: 64,
+                scope_id,
+            })
+            .collect();
+        d
+    }
+
+    #[test]
+    fn roce_gid_table_is_ipv4_then_global_then_link_local_ipv6() {
+        let d = rxe(&[("fe80::1", 2), ("198.18.0.1", 0), ("2001:db8::1", 0), ("198.19.0.1", 0)]);
+        let gids: Vec<String> = d
+            .gids()
+            .into_iter()
+            .map(|g| super::super::gid::gid_to_ip(g).to_string())
+            .collect();
+        assert_eq!(gids, ["198.18.0.1", "198.19.0.1", "2001:db8::1", "fe80::1"]);
+        assert_eq!(d.gid(0).unwrap().0[10..12], [0xff, 0xff], "IPv4-mapped");
+        assert_eq!(d.gid(4), None);
+        assert_eq!(d.gid_type(3), Some(GidType::RoceV2));
+        assert_eq!(d.gid_type(4), None);
+        assert_eq!(d.port_attr().gid_tbl_len, 4);
+        assert_eq!(d.port_attr().active_mtu, super::super::Mtu::M1024);
+        assert_eq!(d.attr().atomic_cap, super::super::AtomicCap::Hca);
+        assert_eq!(d.gid_index_of("198.19.0.1".parse().unwrap()), Some(1));
+        assert_eq!(d.gid_index_of("::ffff:198.19.0.1".parse().unwrap()), Some(1));
+        assert_eq!(d.gid_index_of("fe80::1".parse().unwrap()), Some(3));
+        assert_eq!(d.gid_index_of("198.18.0.2".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn roce_on_lo_starts_with_mapped_127_0_0_1() {
+        let mut d = lo();
+        d.name = "rxe_lo".into();
+        d.transport = TransportKind::Roce;
+        assert_eq!(
+            std::net::Ipv6Addr::from(d.gid(0).unwrap().0).to_string(),
+            "::ffff:127.0.0.1"
+        );
+        assert_eq!(d.gid(1), Some(Gid::from_ip("::1".parse().unwrap())));
+        assert_eq!(d.gid_index_of("127.0.0.1".parse().unwrap()), Some(0));
+        assert_eq!(d.gid_index_of("127.0.0.7".parse().unwrap()), Some(0), "lo's subnet");
+        assert_eq!(d.gid_index_of("::1".parse().unwrap()), Some(1));
+        assert_eq!(d.port_attr().active_mtu, super::super::Mtu::M4096);
+        assert_ne!(d.node_guid(), lo().node_guid(), "rxe_lo and siw_lo differ");
+    }
+
+    #[test]
+    fn roce_without_addresses_has_one_empty_entry() {
+        let d = rxe(&[]);
+        assert!(d.gids().is_empty());
+        assert_eq!(d.gid(0), None);
+        assert_eq!(d.port_attr().gid_tbl_len, 1);
+    }
+
+    #[test]
+    fn iwarp_gid_type_is_ib_and_has_no_ip_index() {
+        let d = lo();
+        assert_eq!(d.gid_type(0), Some(GidType::Ib));
+        assert_eq!(d.gid_type(1), None);
+        assert_eq!(d.gid_index_of("127.0.0.1".parse().unwrap()), None);
     }
 
     #[test]

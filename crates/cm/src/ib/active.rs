@@ -1,0 +1,272 @@
+//! The active side: `rdma_connect` as a REQ (RC) or SIDR_REQ (UD), and `rdma_establish` for
+//! ids that took the REP without a QP (CONNECT_RESPONSE).
+
+use super::agent::Agent;
+use super::conn::{Actions, Conn, State};
+use super::ids::random_psn;
+use super::link::{IbHandle, Kind, Link, LinkState};
+use super::privdata::{self, with_header, REQ_USER_LEN, SIDR_REQ_USER_LEN};
+use super::qp_setup::{self, RcPath, DEFAULT_ACK_TIMEOUT, HOP_LIMIT, RDMA_UDP_QKEY};
+use super::sidr::SidrClient;
+use super::timing::Timing;
+use super::{is_ud, wire_ps};
+use crate::addr;
+use crate::event::EventType;
+use crate::id::{resources, CmId, IdState};
+use crate::param::ConnParam;
+use crate::state::CmState;
+use socket2::{Domain, Protocol, Socket, Type};
+use softrdma_verbs::{bail, Errno, Error, Result};
+use softrdma_wire::ibcm::{
+    service_id, CmPath, CmaHeader, RejReason, Req, SidrReq, CM_TRANSPORT_RC, REQ_PRIVATE_LEN, SIDR_REQ_PRIVATE_LEN,
+};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// P_Key of every CM message (the default partition).
+const PKEY: u16 = 0xffff;
+
+/// The id's IPv4 source and destination; RoCE CM over IPv6 is not done yet.
+fn v4_pair(st: &IdState) -> Result<(SocketAddr, Ipv4Addr, SocketAddr, Ipv4Addr)> {
+    let (Some(local), Some(peer)) = (st.local, st.peer) else {
+        bail!(Inval, "rdma_connect: the id has no resolved address");
+    };
+    match (addr::canonical(local.ip()), addr::canonical(peer.ip())) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => Ok((local, s, peer, d)),
+        _ => Err(Error::new(
+            Errno::OpNotSupp,
+            format!("rdma_connect {peer}: the RoCE connection manager handles IPv4 only so far"),
+        )),
+    }
+}
+
+/// The peer's GID (as an IPv4 address) for a destination: the destination itself, except
+/// that an address of this host that is not in the device's GID table (127.1.2.3 on `lo`)
+/// stands for the GID the passive side will send from (the table's entry for it, 127.0.0.1).
+fn peer_gid(dev: &softrdma_verbs::device::DeviceInfo, dst: Ipv4Addr) -> Ipv4Addr {
+    match dev
+        .gid_index_of(IpAddr::V4(dst))
+        .and_then(|i| dev.gid(i))
+        .map(softrdma_verbs::device::gid_to_ip)
+    {
+        Some(IpAddr::V4(v4)) => v4,
+        _ => dst,
+    }
+}
+
+/// Gives an id without a port one (the kernel binds on resolve): a socket of the port space's
+/// protocol bound to the source address holds it.
+fn reserve_port(st: &mut IdState, src: Ipv4Addr, udp: bool) -> Result<u16> {
+    if let Some(p) = st.local.map(|a| a.port()).filter(|p| *p != 0) {
+        return Ok(p);
+    }
+    let sock = if udp {
+        Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+    } else {
+        Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+    }
+    .map_err(|e| Error::os("rdma_connect: port", &e))?;
+    let _ = sock.set_cloexec(true);
+    sock.bind(&SocketAddr::new(IpAddr::V4(src), 0).into())
+        .map_err(|e| Error::os(format!("rdma_connect: bind {src}"), &e))?;
+    let port = sock
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.port())
+        .unwrap_or(0);
+    st.reserved = Some(sock);
+    st.local = Some(SocketAddr::new(IpAddr::V4(src), port));
+    Ok(port)
+}
+
+/// `rdma_connect` on a RoCE id: REQ (RC) or SIDR_REQ (UD). ESTABLISHED (CONNECT_RESPONSE
+/// without a QP), REJECTED (status: REJ reason), UNREACHABLE (-ETIMEDOUT, or a SIDR status).
+pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
+    let agent = Agent::get()?;
+    let ps = id.port_space();
+    let now = Instant::now();
+    let (link, acts, ud) = {
+        let mut st = id.lock();
+        if st.state != CmState::RouteResolved {
+            bail!(
+                Inval,
+                "rdma_connect: the id is in {}; resolve the address and route first",
+                st.state
+            );
+        }
+        let ud = is_ud(ps, st.qp.as_ref());
+        if ud {
+            privdata::check(
+                "rdma_connect",
+                "SIDR_REQ: 216 minus the 36-byte CMA header",
+                param.private_data.len(),
+                SIDR_REQ_USER_LEN,
+            )?;
+        } else {
+            privdata::check(
+                "rdma_connect",
+                "REQ: 92 minus the 36-byte CMA header",
+                param.private_data.len(),
+                REQ_USER_LEN,
+            )?;
+        }
+        let Some(dev) = st.device.clone() else {
+            bail!(Inval, "rdma_connect: the id has no device");
+        };
+        let (_, src, peer, dst) = v4_pair(&st)?;
+        let src_port = reserve_port(&mut st, src, ps == crate::state::PortSpace::Udp)?;
+        let hdr = CmaHeader {
+            src_port,
+            src: IpAddr::V4(src),
+            dst: IpAddr::V4(dst),
+        };
+        let sid = service_id(wire_ps(ps)?, peer.port());
+        let o = st.opts;
+        let timing = Timing {
+            give_up: Some(o.connect_timeout),
+            ..Timing::for_id(o.ack_timeout, o.cm_response_timeout, o.cm_retries)
+        };
+        let local_id = agent.alloc_id();
+        let tid = agent.ids.tid();
+        let sgid_index = dev.gid_index_of(IpAddr::V4(src)).unwrap_or(0) as u8;
+        let tos = o.tos.unwrap_or(0);
+        let dgid = peer_gid(&dev, dst);
+        let mut path = RcPath {
+            peer: Some(dgid),
+            sgid_index,
+            traffic_class: tos,
+            ..RcPath::default()
+        };
+        let (kind, acts) = if ud {
+            let req = SidrReq {
+                request_id: local_id,
+                pkey: PKEY,
+                service_id: sid,
+                private_data: with_header::<SIDR_REQ_PRIVATE_LEN>(&hdr, &param.private_data)?,
+            };
+            let (c, acts) = SidrClient::start(local_id, tid, req, timing, now);
+            (Kind::SidrClient(c), acts)
+        } else {
+            let qpn = match &st.qp {
+                Some(q) => q.qpn(),
+                None if param.qp_num != 0 => param.qp_num,
+                None => bail!(
+                    Inval,
+                    "rdma_connect: the id has no QP and conn_param.qp_num names none (rdma_create_qp first)"
+                ),
+            };
+            let attr = dev.attr();
+            let rr = resources(param.responder_resources, attr.max_qp_rd_atom, "responder_resources")?;
+            let depth = resources(param.initiator_depth, attr.max_qp_init_rd_atom, "initiator_depth")?;
+            let ack_timeout = o.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
+            path.path_mtu = dev.port_attr().active_mtu as u8;
+            path.local_psn = random_psn();
+            path.responder_resources = rr.min(255) as u8;
+            path.initiator_depth = depth.min(255) as u8;
+            path.retry_count = param.retry_count & 7;
+            path.ack_timeout = ack_timeout;
+            let resp = timing.response_exponent();
+            let req = Req {
+                service_id: sid,
+                local_ca_guid: dev.node_guid(),
+                local_qpn: qpn,
+                responder_resources: path.responder_resources,
+                initiator_depth: path.initiator_depth,
+                remote_cm_response_timeout: resp,
+                transport_service_type: CM_TRANSPORT_RC,
+                end_to_end_flow_control: param.flow_control != 0,
+                starting_psn: path.local_psn,
+                local_cm_response_timeout: resp,
+                retry_count: path.retry_count,
+                pkey: PKEY,
+                path_mtu: path.path_mtu,
+                rnr_retry_count: param.rnr_retry_count & 7,
+                max_cm_retries: timing.retries,
+                srq: param.srq,
+                primary_path: CmPath {
+                    local_lid: 0xffff,
+                    remote_lid: 0xffff,
+                    local_gid: src.to_ipv6_mapped().octets(),
+                    remote_gid: dgid.to_ipv6_mapped().octets(),
+                    traffic_class: tos,
+                    hop_limit: HOP_LIMIT,
+                    local_ack_timeout: ack_timeout,
+                    ..CmPath::default()
+                },
+                private_data: with_header::<REQ_PRIVATE_LEN>(&hdr, &param.private_data)?,
+                ..Req::default()
+            };
+            let (c, acts) = Conn::active(local_id, tid, req, timing, now);
+            (Kind::Rc(c), acts)
+        };
+        let link = Link::new(
+            local_id,
+            LinkState {
+                kind,
+                id: Arc::downgrade(id.inner()),
+                local: src,
+                remote: dst,
+                peer,
+                path,
+                req: None,
+                remote_key: None,
+                guid: dev.node_guid(),
+                timing,
+                qkey: RDMA_UDP_QKEY,
+                scheduled: None,
+                abandoned: false,
+            },
+        );
+        st.state = CmState::Connect;
+        st.disconnected = false;
+        st.ib = Some(IbHandle { link: link.clone() });
+        (link, acts, ud)
+    };
+    agent.insert(&link, None);
+    link.step(&agent, |_, _| (acts, ()));
+    if ud {
+        id.wait_sync(&[EventType::Established])
+    } else {
+        id.wait_sync(&[EventType::Established, EventType::ConnectResponse])
+    }
+}
+
+/// `rdma_establish` (or `rdma_accept` on the active side) after CONNECT_RESPONSE: moves the
+/// id's QP, if it has one now, to RTS and sends the RTU.
+pub(crate) fn establish(id: &CmId) -> Result<()> {
+    let (link, qp) = {
+        let st = id.lock();
+        let Some(h) = &st.ib else {
+            bail!(Inval, "rdma_establish: the id has no IB CM connection");
+        };
+        (h.link.clone(), st.qp.clone())
+    };
+    let agent = Agent::get()?;
+    link.step(&agent, |ls, now| -> (Actions, Result<()>) {
+        let path = ls.path;
+        let Kind::Rc(c) = &mut ls.kind else {
+            return (
+                Vec::new(),
+                Err(Error::inval("rdma_establish: UD ids have no connection to establish")),
+            );
+        };
+        if !c.is_active() || !matches!(c.state(), State::RepRcvd | State::MraRepSent) {
+            return (
+                Vec::new(),
+                Err(Error::inval(
+                    "rdma_establish: no connection reply to complete (wait for CONNECT_RESPONSE)",
+                )),
+            );
+        }
+        if let Some(qp) = &qp {
+            if let Err(e) = qp_setup::bring_up_rc(qp, &path) {
+                qp_setup::to_error(qp);
+                let acts = c.reject(RejReason::ConsumerDefined, &[], now).unwrap_or_default();
+                return (acts, Err(e));
+            }
+        }
+        (c.rtu(&[]).unwrap_or_default(), Ok(()))
+    })
+}

@@ -1,0 +1,269 @@
+//! The process's IB CM agent: receives MADs from the soft-RoCE driver (QP1), keeps the table
+//! of connections (by communication ID) and listeners (by service ID), and runs one worker
+//! thread that feeds MADs and timer expiries into the per-connection machines.
+//!
+//! The driver calls [`Handler::on_mad`] on the progress thread; it only queues the MAD. The
+//! worker parses it and steps the connection (under the connection's lock, which also orders
+//! the MADs it sends and the events it posts). Locks are taken in the order connection →
+//! tables → queue, never the other way round; an id's lock is never held while a
+//! connection's is taken.
+
+use super::ids::IdAlloc;
+use super::link::{Link, LinkState};
+use super::mad_io;
+use softrdma_roce::gsi::{GsiPeer, MadHandler, ServiceClaim};
+use softrdma_verbs::{Error, Result};
+use softrdma_wire::ibcm::{CmMad, CmMessage, Drep, Rej, RejReason, CM_MSG_REP, MAD_LEN};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Work for the worker thread.
+pub(crate) enum Work {
+    /// A MAD from the driver.
+    Mad(GsiPeer, Box<[u8; MAD_LEN]>),
+    /// An id holding this connection was dropped without `destroy`: withdraw it.
+    Abandon(Arc<Link>),
+}
+
+#[derive(Default)]
+struct Queue {
+    work: VecDeque<Work>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+}
+
+/// A registered listen.
+pub(crate) struct ListenEntry {
+    pub(crate) token: u64,
+    pub(crate) service_id: u64,
+    pub(crate) bound: std::net::IpAddr,
+    pub(crate) af_only: bool,
+    pub(crate) backlog: u32,
+    pub(crate) id: Weak<crate::id::IdInner>,
+}
+
+/// Connections, listeners and service claims.
+#[derive(Default)]
+pub(crate) struct Tables {
+    pub(crate) links: HashMap<u32, Arc<Link>>,
+    /// Passive connections and SIDR requests by (peer address, peer's ID, is SIDR): finds
+    /// duplicates.
+    pub(crate) by_remote: HashMap<(Ipv4Addr, u32, bool), Arc<Link>>,
+    pub(crate) listeners: Vec<ListenEntry>,
+    pub(crate) claims: HashMap<u64, (ServiceClaim, usize)>,
+    pub(crate) next_token: u64,
+}
+
+/// The agent (one per process).
+pub(crate) struct Agent {
+    pub(crate) ids: IdAlloc,
+    tables: Mutex<Tables>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+/// What the driver calls.
+struct Handler(Weak<Agent>);
+
+impl MadHandler for Handler {
+    fn on_mad(&self, peer: GsiPeer, mad: &[u8]) {
+        let Some(a) = self.0.upgrade() else { return };
+        let Ok(bytes) = <[u8; MAD_LEN]>::try_from(mad.get(..MAD_LEN).unwrap_or(&[])) else {
+            return;
+        };
+        a.push(Work::Mad(peer, Box::new(bytes)));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static AGENT: OnceLock<std::result::Result<Arc<Agent>, Error>> = OnceLock::new();
+
+impl Agent {
+    /// The agent, started on first use (driver endpoint, MAD handler, worker thread).
+    pub(crate) fn get() -> Result<Arc<Agent>> {
+        AGENT.get_or_init(Agent::start).clone()
+    }
+
+    /// The agent if it was started.
+    pub(crate) fn existing() -> Option<Arc<Agent>> {
+        AGENT.get().and_then(|r| r.as_ref().ok()).cloned()
+    }
+
+    fn start() -> Result<Arc<Agent>> {
+        let port = mad_io::comm_id_port()?;
+        let agent = Arc::new(Agent {
+            ids: IdAlloc::new(port),
+            tables: Mutex::new(Tables::default()),
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+        });
+        mad_io::set_handler(Arc::new(Handler(Arc::downgrade(&agent))))?;
+        let w = agent.clone();
+        std::thread::Builder::new()
+            .name("softrdma-ibcm".into())
+            .spawn(move || w.run())
+            .map_err(|e| Error::os("IB CM: worker thread", &e))?;
+        Ok(agent)
+    }
+
+    pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {
+        lock(&self.tables)
+    }
+
+    /// Queues work for the worker.
+    pub(crate) fn push(&self, w: Work) {
+        lock(&self.queue).work.push_back(w);
+        self.wake.notify_one();
+    }
+
+    /// Makes the worker run `link`'s timer at `at`.
+    pub(crate) fn schedule(&self, at: Instant, local_id: u32) {
+        let mut q = lock(&self.queue);
+        let earliest = q.timers.peek().is_none_or(|Reverse((t, _))| at < *t);
+        q.timers.push(Reverse((at, local_id)));
+        drop(q);
+        if earliest {
+            self.wake.notify_one();
+        }
+    }
+
+    /// A free communication / SIDR request ID.
+    pub(crate) fn alloc_id(&self) -> u32 {
+        let t = self.tables();
+        self.ids.comm_id(|id| t.links.contains_key(&id))
+    }
+
+    /// Registers a connection (and its duplicate-detection key).
+    pub(crate) fn insert(&self, link: &Arc<Link>, remote_key: Option<(Ipv4Addr, u32, bool)>) {
+        let mut t = self.tables();
+        t.links.insert(link.local_id, link.clone());
+        if let Some(k) = remote_key {
+            t.by_remote.insert(k, link.clone());
+        }
+    }
+
+    /// Forgets a finished connection.
+    pub(crate) fn remove(&self, local_id: u32, remote_key: Option<(Ipv4Addr, u32, bool)>) {
+        let mut t = self.tables();
+        t.links.remove(&local_id);
+        if let Some(k) = remote_key {
+            if t.by_remote.get(&k).is_some_and(|l| l.local_id == local_id) {
+                t.by_remote.remove(&k);
+            }
+        }
+    }
+
+    fn link(&self, local_id: u32) -> Option<Arc<Link>> {
+        self.tables().links.get(&local_id).cloned()
+    }
+
+    fn run(self: Arc<Self>) {
+        loop {
+            let next = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if let Some(w) = q.work.pop_front() {
+                        break Ok(w);
+                    }
+                    let now = Instant::now();
+                    match q.timers.peek() {
+                        Some(Reverse((t, id))) if *t <= now => {
+                            let id = *id;
+                            q.timers.pop();
+                            break Err(id);
+                        }
+                        Some(Reverse((t, _))) => {
+                            let wait = (*t - now).min(Duration::from_secs(1));
+                            q = self.wake.wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0;
+                        }
+                        None => {
+                            q = self
+                                .wake
+                                .wait_timeout(q, Duration::from_secs(1))
+                                .unwrap_or_else(|p| p.into_inner())
+                                .0;
+                        }
+                    }
+                }
+            };
+            match next {
+                Ok(Work::Mad(peer, mad)) => self.on_mad(peer, &mad[..]),
+                Ok(Work::Abandon(link)) => link.abandon(&self),
+                Err(id) => {
+                    if let Some(l) = self.link(id) {
+                        l.on_timer(&self);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_mad(self: &Arc<Self>, peer: GsiPeer, bytes: &[u8]) {
+        let m = match CmMad::parse(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(from = %peer.remote, "IB CM: dropped a malformed MAD: {e}");
+                return;
+            }
+        };
+        tracing::debug!(from = %peer.remote, to = %peer.local, attr = m.msg.attr().name(), tid = m.tid, "IB CM: received");
+        let target = match &m.msg {
+            CmMessage::Req(r) => return super::listen::on_req(self, peer, m.tid, r),
+            CmMessage::SidrReq(r) => return super::listen::on_sidr_req(self, peer, m.tid, r),
+            CmMessage::SidrRep(r) => r.request_id,
+            CmMessage::Rep(r) => r.remote_comm_id,
+            CmMessage::Rtu(r) => r.remote_comm_id,
+            CmMessage::Rej(r) => r.remote_comm_id,
+            CmMessage::Mra(r) => r.remote_comm_id,
+            CmMessage::Dreq(r) => r.remote_comm_id,
+            CmMessage::Drep(r) => r.remote_comm_id,
+        };
+        match self.link(target) {
+            Some(l) => l.on_mad(self, peer, &m),
+            None => self.unknown(peer, &m),
+        }
+    }
+
+    /// A message for a connection this process does not (or no longer) know.
+    fn unknown(&self, peer: GsiPeer, m: &CmMad) {
+        let reply = match &m.msg {
+            // Linux cm.c: a REP nobody waits for is rejected (invalid communication ID)...
+            CmMessage::Rep(r) => CmMessage::Rej(Rej {
+                local_comm_id: r.remote_comm_id,
+                remote_comm_id: r.local_comm_id,
+                message_rejected: CM_MSG_REP,
+                reason: RejReason::InvalidCommId,
+                ..Rej::default()
+            }),
+            // ... and a DREQ for a forgotten connection still gets its DREP.
+            CmMessage::Dreq(d) => CmMessage::Drep(Drep {
+                local_comm_id: d.remote_comm_id,
+                remote_comm_id: d.local_comm_id,
+                ..Drep::default()
+            }),
+            _ => return,
+        };
+        mad_io::send(peer.local, peer.remote, &CmMad { tid: m.tid, msg: reply });
+    }
+
+    /// After a step: reschedule the connection's timer, or forget it once it is over.
+    pub(crate) fn settle(&self, link: &Link, ls: &mut LinkState) {
+        if ls.finished() {
+            self.remove(link.local_id, ls.remote_key);
+            return;
+        }
+        match ls.deadline() {
+            Some(d) if ls.scheduled != Some(d) => {
+                ls.scheduled = Some(d);
+                self.schedule(d, link.local_id);
+            }
+            Some(_) => {}
+            None => ls.scheduled = None,
+        }
+    }
+}

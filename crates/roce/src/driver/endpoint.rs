@@ -1,0 +1,701 @@
+//! The process-wide soft-RoCE endpoint: its sockets, its QP table, and the progress-thread
+//! loop that moves datagrams between the sockets and the engines.
+
+use super::forward::{self, Origin};
+use super::net::{self, ROCE_PORT};
+use super::qpn::{make_qpn, split_qpn, GSI_QPN, MULTICAST_QPN, QPS_PER_PORT};
+use super::slot::Slot;
+use super::stats::DriverCounters;
+use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
+use softrdma_verbs::{Errno, Error, Result};
+use softrdma_wire::roce::{check_icrc, icrc, icrc_bytes, IcrcIp};
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+/// Largest datagram handled (a 4096-byte MTU packet plus headers, with room to spare).
+const MAX_DATAGRAM: usize = 9216;
+
+/// A home socket: one ephemeral UDP port and the 255 QPNs built on it. Other processes
+/// forward this process's packets to it (see the `forward` module).
+#[derive(Debug)]
+pub(crate) struct Home {
+    pub(crate) port: u16,
+    pub(crate) sock: UdpSocket,
+    used: Mutex<Vec<bool>>,
+}
+
+static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new();
+
+/// What the progress thread is woken for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Shared,
+    HomeUdp(usize),
+    Service(u64),
+    Control,
+}
+
+/// The endpoint. One per process ([`Endpoint::global`]).
+pub(crate) struct Endpoint {
+    reactor: &'static Arc<Reactor>,
+    shared: Option<UdpSocket>,
+    homes: RwLock<Vec<Arc<Home>>>,
+    roles: Mutex<HashMap<Token, Role>>,
+    control: OnceLock<Token>,
+    qps: RwLock<HashMap<u32, Arc<Slot>>>,
+    pending: Mutex<HashSet<u32>>,
+    timer_at: Mutex<Option<Instant>>,
+    mcast: Mutex<HashMap<Ipv4Addr, HashSet<u32>>>,
+    services: Mutex<HashMap<u64, (UnixDatagram, Token)>>,
+    opening: Mutex<()>,
+    local_addrs: Mutex<Option<(Instant, HashSet<Ipv4Addr>)>>,
+    internal: Mutex<std::collections::VecDeque<(Vec<u8>, Origin)>>,
+    direct: bool,
+    pub(crate) handler: RwLock<Option<Arc<dyn crate::gsi::MadHandler>>>,
+    /// Counters for tools and tests.
+    pub(crate) counters: DriverCounters,
+    self_ref: OnceLock<std::sync::Weak<Endpoint>>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("shared", &self.shared)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The reactor calls the endpoint through this (the endpoint lives for the whole process).
+struct Driven(Arc<Endpoint>);
+
+impl Source for Driven {
+    fn on_event(&self, token: Token, ev: Event) {
+        self.0.on_event(token, ev);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Endpoint {
+    /// The process's endpoint, created (sockets bound, progress thread started) on first use.
+    pub(crate) fn global() -> Result<Arc<Endpoint>> {
+        EP.get_or_init(Endpoint::start).clone()
+    }
+
+    /// The endpoint if one was started.
+    pub(crate) fn existing() -> Option<Arc<Endpoint>> {
+        EP.get().and_then(|r| r.as_ref().ok()).cloned()
+    }
+
+    fn start() -> Result<Arc<Endpoint>> {
+        let reactor = Reactor::global()?;
+        let port = std::env::var("SOFTRDMA_ROCE_PORT")
+            .ok()
+            .and_then(|p| p.parse::<u16>().ok())
+            .unwrap_or(ROCE_PORT);
+        let shared = match net::bind_shared_v4(port) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(
+                    "soft-RoCE: cannot bind UDP port {port} ({e}); only packets forwarded by other \
+                     softrdma processes will arrive (is Linux rxe loaded, or another user running softrdma?)"
+                );
+                None
+            }
+        };
+        let ep = Arc::new(Endpoint {
+            reactor,
+            shared,
+            homes: RwLock::new(Vec::new()),
+            roles: Mutex::new(HashMap::new()),
+            control: OnceLock::new(),
+            qps: RwLock::new(HashMap::new()),
+            pending: Mutex::new(HashSet::new()),
+            timer_at: Mutex::new(None),
+            mcast: Mutex::new(HashMap::new()),
+            services: Mutex::new(HashMap::new()),
+            opening: Mutex::new(()),
+            local_addrs: Mutex::new(None),
+            internal: Mutex::new(std::collections::VecDeque::new()),
+            direct: std::env::var("SOFTRDMA_ROCE_LOCAL").map_or(true, |v| v != "standard"),
+            handler: RwLock::new(None),
+            counters: DriverCounters::default(),
+            self_ref: OnceLock::new(),
+        });
+        let _ = ep.self_ref.set(Arc::downgrade(&ep));
+        let control = reactor.add(Arc::new(Driven(ep.clone())));
+        let _ = ep.control.set(control);
+        lock(&ep.roles).insert(control, Role::Control);
+        if let Some(s) = &ep.shared {
+            let t = reactor
+                .register(s.as_raw_fd(), READ, Arc::new(Driven(ep.clone())))
+                .map_err(|e| Error::new(Errno::Io, format!("soft-RoCE: epoll on UDP {port}: {e}")))?;
+            lock(&ep.roles).insert(t, Role::Shared);
+        }
+        Ok(ep)
+    }
+
+    fn me(&self) -> Option<Arc<Endpoint>> {
+        self.self_ref.get().and_then(|w| w.upgrade())
+    }
+
+    /// The UDP port datagrams are sent to (4791 unless `SOFTRDMA_ROCE_PORT` says otherwise).
+    pub(crate) fn roce_port(&self) -> u16 {
+        self.shared
+            .as_ref()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.port())
+            .unwrap_or(ROCE_PORT)
+    }
+
+    /// Reserves a QPN (opening another home socket when all are full).
+    pub(crate) fn alloc_qpn(&self) -> Result<(Arc<Home>, u32)> {
+        {
+            let homes = self.homes.read().unwrap_or_else(|p| p.into_inner());
+            for h in homes.iter() {
+                if let Some(q) = h.take_index() {
+                    return Ok((h.clone(), q));
+                }
+            }
+        }
+        let home = {
+            let _guard = lock(&self.opening);
+            let homes = self.homes.read().unwrap_or_else(|p| p.into_inner());
+            let free = homes.iter().find_map(|h| h.take_index().map(|q| (h.clone(), q)));
+            drop(homes);
+            if let Some(found) = free {
+                return Ok(found);
+            }
+            self.open_home()?
+        };
+        match home.take_index() {
+            Some(q) => Ok((home, q)),
+            None => Err(Error::new(
+                Errno::NoMem,
+                "soft-RoCE: no QP number left on a new home port",
+            )),
+        }
+    }
+
+    fn open_home(&self) -> Result<Arc<Home>> {
+        let io_err = |what: &str, e: io::Error| {
+            Error::new(
+                Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+                format!("soft-RoCE: {what}: {e}"),
+            )
+        };
+        let (sock, port) = net::bind_home_v4().map_err(|e| io_err("cannot open a UDP socket", e))?;
+        let home = Arc::new(Home {
+            port,
+            sock,
+            used: Mutex::new(vec![false; QPS_PER_PORT + 1]),
+        });
+        let me = self
+            .me()
+            .ok_or_else(|| Error::new(Errno::Io, "soft-RoCE: endpoint is shutting down"))?;
+        let mut homes = self.homes.write().unwrap_or_else(|p| p.into_inner());
+        let idx = homes.len();
+        let t1 = self
+            .reactor
+            .register(home.sock.as_raw_fd(), READ, Arc::new(Driven(me)))
+            .map_err(|e| io_err("epoll", e))?;
+        lock(&self.roles).insert(t1, Role::HomeUdp(idx));
+        homes.push(home.clone());
+        tracing::debug!(port, "soft-RoCE: new home port");
+        Ok(home)
+    }
+
+    /// Registers a QP's slot under its number.
+    pub(crate) fn insert(&self, slot: Arc<Slot>) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(slot.qpn, slot);
+    }
+
+    /// Forgets a QP and frees its number.
+    pub(crate) fn remove(&self, qpn: u32) {
+        let slot = self.qps.write().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+        lock(&self.pending).remove(&qpn);
+        for members in lock(&self.mcast).values_mut() {
+            members.remove(&qpn);
+        }
+        if let Some(s) = slot {
+            s.home.release(qpn);
+        }
+    }
+
+    fn slot(&self, qpn: u32) -> Option<Arc<Slot>> {
+        self.qps.read().unwrap_or_else(|p| p.into_inner()).get(&qpn).cloned()
+    }
+
+    /// Asks the progress thread to look at `qpn` (new work, or a state change).
+    pub(crate) fn kick(&self, qpn: u32) {
+        lock(&self.pending).insert(qpn);
+        if let Some(t) = self.control.get() {
+            self.reactor.kick(*t);
+        }
+    }
+
+    /// Joins multicast `group` for `qpn`, receiving on the interface that owns `local`.
+    pub(crate) fn join(&self, qpn: u32, group: Ipv4Addr, local: Ipv4Addr) -> Result<()> {
+        let Some(shared) = &self.shared else {
+            return Err(Error::new(
+                Errno::AddrInUse,
+                format!("attach_mcast on QP {qpn}: UDP port {ROCE_PORT} is not available to this process"),
+            ));
+        };
+        let mut m = lock(&self.mcast);
+        let members = m.entry(group).or_default();
+        if members.is_empty() {
+            net::set_membership_v4(shared, group, local, true).map_err(|e| {
+                Error::new(
+                    Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+                    format!("attach_mcast on QP {qpn}: cannot join {group} on {local}: {e}"),
+                )
+            })?;
+        }
+        members.insert(qpn);
+        Ok(())
+    }
+
+    /// Leaves multicast `group` for `qpn`.
+    pub(crate) fn leave(&self, qpn: u32, group: Ipv4Addr, local: Ipv4Addr) -> Result<()> {
+        let mut m = lock(&self.mcast);
+        let Some(members) = m.get_mut(&group) else {
+            return Err(Error::inval(format!(
+                "detach_mcast on QP {qpn}: not attached to {group}"
+            )));
+        };
+        if !members.remove(&qpn) {
+            return Err(Error::inval(format!(
+                "detach_mcast on QP {qpn}: not attached to {group}"
+            )));
+        }
+        if members.is_empty() {
+            m.remove(&group);
+            if let Some(shared) = &self.shared {
+                let _ = net::set_membership_v4(shared, group, local, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// Arms the progress thread's timer for `deadline` if nothing earlier is armed.
+    pub(crate) fn schedule(&self, deadline: Option<Instant>) {
+        let Some(d) = deadline else { return };
+        let mut at = lock(&self.timer_at);
+        let now = Instant::now();
+        let earlier = match *at {
+            None => true,
+            Some(cur) => d < cur || cur <= now,
+        };
+        if earlier {
+            *at = Some(d);
+            if let Some(t) = self.control.get() {
+                self.reactor.set_timer(*t, d);
+            }
+        }
+    }
+
+    fn on_event(&self, token: Token, ev: Event) {
+        let role = lock(&self.roles).get(&token).copied();
+        match role {
+            Some(Role::Shared) => {
+                if let Some(s) = &self.shared {
+                    self.drain_udp(s, self.roce_port(), false);
+                }
+            }
+            Some(Role::HomeUdp(i)) => {
+                if let Some(h) = self.home(i) {
+                    self.drain_udp(&h.sock, h.port, true);
+                }
+            }
+            Some(Role::Service(sid)) => self.drain_service(sid),
+            Some(Role::Control) => {
+                if ev.kicked {
+                    self.run_internal();
+                    self.run_pending();
+                }
+                if ev.timer {
+                    self.run_timers();
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn home(&self, i: usize) -> Option<Arc<Home>> {
+        self.homes.read().unwrap_or_else(|p| p.into_inner()).get(i).cloned()
+    }
+
+    /// The first home socket (opened on demand): MADs go out from it, and its port names
+    /// this process in communication IDs.
+    pub(crate) fn first_home(&self) -> Result<Arc<Home>> {
+        if let Some(h) = self.home(0) {
+            return Ok(h);
+        }
+        let _guard = lock(&self.opening);
+        match self.home(0) {
+            Some(h) => Ok(h),
+            None => self.open_home(),
+        }
+    }
+
+    /// Records a claimed service and watches its socket.
+    pub(crate) fn add_service(&self, sid: u64, sock: UnixDatagram) -> Result<()> {
+        let me = self
+            .me()
+            .ok_or_else(|| Error::new(Errno::Io, "soft-RoCE: endpoint is shutting down"))?;
+        let t = self
+            .reactor
+            .register(sock.as_raw_fd(), READ, Arc::new(Driven(me)))
+            .map_err(|e| Error::new(Errno::Io, format!("soft-RoCE: epoll: {e}")))?;
+        lock(&self.roles).insert(t, Role::Service(sid));
+        lock(&self.services).insert(sid, (sock, t));
+        Ok(())
+    }
+
+    /// Forgets a claimed service.
+    pub(crate) fn release_service(&self, sid: u64) {
+        if let Some((sock, t)) = lock(&self.services).remove(&sid) {
+            self.reactor.deregister(t, Some(sock.as_raw_fd()));
+            lock(&self.roles).remove(&t);
+        }
+    }
+
+    pub(crate) fn claims_service(&self, sid: u64) -> bool {
+        lock(&self.services).contains_key(&sid)
+    }
+
+    fn drain_service(&self, sid: u64) {
+        let mut buf = vec![0u8; MAX_DATAGRAM + forward::FORWARD_HDR_LEN];
+        loop {
+            let r = match lock(&self.services).get(&sid) {
+                Some((sock, _)) => sock.recv(&mut buf),
+                None => return,
+            };
+            match r {
+                Ok(n) => match forward::decode(&buf[..n]) {
+                    Some((origin, datagram)) => {
+                        self.counters.forwarded_in.fetch_add(1, Ordering::Relaxed);
+                        self.on_datagram(datagram, origin, true);
+                    }
+                    None => {
+                        self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+                Err(_) => return,
+            }
+        }
+    }
+
+    pub(crate) fn owns_home_port(&self, port: u16) -> bool {
+        self.homes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|h| h.port == port)
+    }
+
+    fn drain_udp(&self, sock: &UdpSocket, local_port: u16, home: bool) {
+        let mut buf = vec![0u8; MAX_DATAGRAM + forward::FORWARD_HDR_LEN];
+        let mut cmsg = net::cmsg_buffer();
+        loop {
+            match net::recv(sock, &mut buf, &mut cmsg) {
+                Ok(Some(r)) => {
+                    let data = &buf[..r.len];
+                    if home && forward::is_forwarded(data) {
+                        // Only another process on this host may forward: loopback sources
+                        // cannot arrive from the network (the kernel drops them as martians).
+                        match forward::decode(data).filter(|_| r.src.ip().is_loopback()) {
+                            Some((origin, datagram)) => {
+                                self.counters.forwarded_in.fetch_add(1, Ordering::Relaxed);
+                                self.on_datagram(datagram, origin, true);
+                            }
+                            None => {
+                                self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        continue;
+                    }
+                    let origin = Origin {
+                        src: r.src,
+                        dst_ip: r.dst_ip,
+                        dst_port: local_port,
+                    };
+                    self.on_datagram(data, origin, false);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!("soft-RoCE: recvmsg: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One UDP payload (BTH .. ICRC) arrived, directly or forwarded by another process.
+    fn on_datagram(&self, datagram: &[u8], origin: Origin, forwarded: bool) {
+        self.counters.rx_datagrams.fetch_add(1, Ordering::Relaxed);
+        if datagram.len() < 12 {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let dqpn = u32::from_be_bytes([0, datagram[5], datagram[6], datagram[7]]);
+        if dqpn == MULTICAST_QPN {
+            self.deliver_multicast(datagram, &origin);
+            return;
+        }
+        if dqpn == GSI_QPN {
+            if let Some(transport) = self.verify(datagram, &origin) {
+                self.on_gsi(transport, &origin, datagram, forwarded);
+            }
+            return;
+        }
+        let Some((port, _)) = split_qpn(dqpn) else {
+            self.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if self.owns_home_port(port) {
+            self.deliver(dqpn, datagram, &origin);
+        } else if !forwarded {
+            self.forward(port, datagram, &origin);
+        } else {
+            tracing::debug!(
+                qpn = dqpn,
+                "soft-RoCE: forwarded packet for a QP this process does not own"
+            );
+            self.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn forward(&self, port: u16, datagram: &[u8], origin: &Origin) {
+        if self.forward_to_home(port, datagram, origin) {
+            self.counters.forwarded_out.fetch_add(1, Ordering::Relaxed);
+        } else {
+            tracing::debug!(port, "soft-RoCE: cannot forward to home port");
+            self.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands `datagram` with its origin to the process whose home socket is `port`, through
+    /// loopback UDP (socket buffers hold bursts; a Unix datagram queue holds only 10).
+    pub(crate) fn forward_to_home(&self, port: u16, datagram: &[u8], origin: &Origin) -> bool {
+        let Some(home) = self.home(0) else { return false };
+        let mut msg = Vec::with_capacity(forward::FORWARD_HDR_LEN + datagram.len());
+        forward::encode(origin, &mut msg);
+        msg.extend_from_slice(datagram);
+        home.sock
+            .send_to(&msg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+            .is_ok()
+    }
+
+    fn verify<'a>(&self, datagram: &'a [u8], origin: &Origin) -> Option<&'a [u8]> {
+        let (IpAddr::V4(src), IpAddr::V4(dst)) = (origin.src.ip(), origin.dst_ip) else {
+            self.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        for df in [true, false] {
+            let ip = IcrcIp::V4 {
+                src,
+                dst,
+                id: 0,
+                dont_fragment: df,
+            };
+            if let Ok(t) = check_icrc(&ip, origin.src.port(), origin.dst_port, datagram) {
+                return Some(t);
+            }
+        }
+        self.counters.icrc_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(src = %origin.src, "soft-RoCE: bad ICRC, packet dropped");
+        None
+    }
+
+    fn deliver(&self, qpn: u32, datagram: &[u8], origin: &Origin) {
+        let Some(transport) = self.verify(datagram, origin) else {
+            return;
+        };
+        let Some(slot) = self.slot(qpn) else {
+            tracing::debug!(qpn, "soft-RoCE: packet for a QP that does not exist (dropped)");
+            self.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let next = slot.on_packet(self, transport, origin);
+        self.schedule(next);
+    }
+
+    fn deliver_multicast(&self, datagram: &[u8], origin: &Origin) {
+        let IpAddr::V4(group) = origin.dst_ip else { return };
+        let members: Vec<u32> = lock(&self.mcast)
+            .get(&group)
+            .map(|m| m.iter().copied().collect())
+            .unwrap_or_default();
+        if members.is_empty() {
+            self.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Some(transport) = self.verify(datagram, origin) else {
+            return;
+        };
+        for qpn in members {
+            if let Some(slot) = self.slot(qpn) {
+                let next = slot.on_packet(self, transport, origin);
+                self.schedule(next);
+            }
+        }
+    }
+
+    /// Whether `ip` is an address of this host (network namespace), cached for a second.
+    pub(crate) fn is_local(&self, ip: Ipv4Addr) -> bool {
+        if ip.is_loopback() {
+            return true;
+        }
+        let mut cache = lock(&self.local_addrs);
+        let fresh = cache
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(1));
+        if !fresh {
+            let addrs = softrdma_verbs::device::list_interfaces()
+                .map(|ifs| {
+                    ifs.iter()
+                        .flat_map(|i| i.addrs.iter())
+                        .filter_map(|a| match a.ip {
+                            IpAddr::V4(v4) => Some(v4),
+                            IpAddr::V6(_) => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            *cache = Some((Instant::now(), addrs));
+        }
+        cache.as_ref().is_some_and(|(_, set)| set.contains(&ip))
+    }
+
+    /// Queues a datagram for this host to the progress thread, as if it had been received:
+    /// it is routed (and forwarded) exactly like one from the network.
+    pub(crate) fn loop_back(&self, datagram: Vec<u8>, origin: Origin) {
+        lock(&self.internal).push_back((datagram, origin));
+        if let Some(t) = self.control.get() {
+            self.reactor.kick(*t);
+        }
+    }
+
+    fn run_internal(&self) {
+        loop {
+            let Some((datagram, origin)) = lock(&self.internal).pop_front() else {
+                break;
+            };
+            self.on_datagram(&datagram, origin, false);
+        }
+    }
+
+    fn run_pending(&self) {
+        let pending: Vec<u32> = lock(&self.pending).drain().collect();
+        for qpn in pending {
+            if let Some(slot) = self.slot(qpn) {
+                let next = slot.on_kick(self);
+                self.schedule(next);
+            }
+        }
+    }
+
+    fn run_timers(&self) {
+        *lock(&self.timer_at) = None;
+        let slots: Vec<Arc<Slot>> = self
+            .qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        for s in slots {
+            if let Some(d) = s.on_timer(self, now) {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
+        }
+        self.schedule(next);
+    }
+
+    /// Whether packets for this host go straight to their owner (`SOFTRDMA_ROCE_LOCAL` is not
+    /// `standard`).
+    pub(crate) fn direct_local(&self) -> bool {
+        self.direct
+    }
+
+    /// The UDP port a packet for `dqpn` at `dst` goes to: the owner's home port when `dst` is
+    /// this host (no third process can then stall it), else the RoCEv2 port.
+    fn dst_port(&self, dst: Ipv4Addr, dqpn: u32) -> u16 {
+        if self.direct && self.is_local(dst) {
+            if let Some((port, _)) = split_qpn(dqpn) {
+                return port;
+            }
+        }
+        self.roce_port()
+    }
+
+    /// Appends the ICRC to `packet` (BTH..pad) and sends it from `home` to `dst`.
+    pub(crate) fn transmit(&self, home: &Home, src: Ipv4Addr, dst: Ipv4Addr, packet: &[u8]) {
+        let dqpn = packet
+            .get(5..8)
+            .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+        let port = self.dst_port(dst, dqpn);
+        let ip = IcrcIp::V4 {
+            src,
+            dst,
+            id: 0,
+            dont_fragment: true,
+        };
+        let crc = icrc_bytes(icrc(&ip, home.port, port, packet));
+        match net::send_v4(&home.sock, src, SocketAddrV4::new(dst, port), &[packet, &crc]) {
+            Ok(()) => {
+                self.counters.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // A full socket buffer or an unreachable host: the packet is lost, and the
+                // reliable transport recovers as it would from any loss.
+                self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%dst, "soft-RoCE: send failed: {e}");
+            }
+        }
+    }
+}
+
+const READ: Interest = Interest {
+    read: true,
+    write: false,
+};
+
+impl Home {
+    fn take_index(&self) -> Option<u32> {
+        let mut used = lock(&self.used);
+        for idx in 1..=QPS_PER_PORT {
+            if !used[idx] {
+                if let Some(q) = make_qpn(self.port, idx as u8) {
+                    used[idx] = true;
+                    return Some(q);
+                }
+            }
+        }
+        None
+    }
+
+    fn release(&self, qpn: u32) {
+        if let Some((port, idx)) = split_qpn(qpn) {
+            if port == self.port {
+                lock(&self.used)[idx as usize] = false;
+            }
+        }
+    }
+}

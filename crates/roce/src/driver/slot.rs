@@ -1,0 +1,360 @@
+//! One QP as the driver sees it: its number, its engine (from RTR on), its peer address, and
+//! the hooks the verbs core calls on state changes ([`QpTransport`]) and new work ([`QpDriver`]).
+
+use super::endpoint::{Endpoint, Home};
+use super::forward::Origin;
+use crate::engine::{RcConfig, RcEngine, UdConfig, UdEngine, UdSource};
+use softrdma_verbs::device::DeviceInfo;
+use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::{Errno, Error, QpDriver, QpState, QpTransport, QpType, Result};
+use softrdma_wire::roce::RocePacket;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
+
+/// The engine of a QP that reached RTR.
+#[derive(Debug)]
+enum Engine {
+    Rc {
+        eng: Box<RcEngine>,
+        local: Ipv4Addr,
+        remote: Ipv4Addr,
+    },
+    Ud {
+        eng: UdEngine,
+        local: Ipv4Addr,
+    },
+}
+
+/// The driver's record of one QP.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) qpn: u32,
+    pub(crate) home: Arc<Home>,
+    endpoint: Weak<Endpoint>,
+    qp: OnceLock<Weak<QpInner>>,
+    engine: Mutex<Option<Engine>>,
+    /// Multicast groups this (UD) QP is attached to, with the local address used to join.
+    groups: Mutex<Vec<(Ipv4Addr, Ipv4Addr)>>,
+}
+
+/// Scratch buffer size for one outgoing packet.
+const TX_BUF: usize = 4096 + 128;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// IB path MTU enum (1..=5) → bytes; 0 or unknown → None.
+fn mtu_bytes(path_mtu: u8) -> Option<usize> {
+    match path_mtu {
+        1..=5 => Some(128usize << path_mtu),
+        _ => None,
+    }
+}
+
+/// The IPv4 address inside an IPv4-mapped GID.
+fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    Ipv6Addr::from(*gid).to_ipv4_mapped()
+}
+
+/// The local IPv4 address for source GID `index` of `dev`.
+fn local_ipv4(dev: &DeviceInfo, index: u8, qpn: u32) -> Result<Ipv4Addr> {
+    if let Some(g) = dev.gid(index as usize) {
+        if let Some(ip) = gid_ipv4(&g.0) {
+            return Ok(ip);
+        }
+        return Err(Error::new(
+            Errno::OpNotSupp,
+            format!(
+                "modify_qp {qpn}: source GID {index} of {} is IPv6; soft-RoCE sends over IPv4 only so far \
+                 (use an IPv4-mapped GID, index 0)",
+                dev.name
+            ),
+        ));
+    }
+    Err(Error::inval(format!(
+        "modify_qp {qpn}: {} has no GID index {index}",
+        dev.name
+    )))
+}
+
+impl Slot {
+    pub(crate) fn new(qpn: u32, home: Arc<Home>, endpoint: &Arc<Endpoint>) -> Slot {
+        Slot {
+            qpn,
+            home,
+            endpoint: Arc::downgrade(endpoint),
+            qp: OnceLock::new(),
+            engine: Mutex::new(None),
+            groups: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn bind_qp(&self, qp: &Arc<QpInner>) {
+        let _ = self.qp.set(Arc::downgrade(qp));
+    }
+
+    fn qp(&self) -> Option<Arc<QpInner>> {
+        self.qp.get().and_then(|w| w.upgrade())
+    }
+
+    /// Builds the engine when the QP reaches RTR.
+    fn start_engine(&self, qp: &Arc<QpInner>) -> Result<()> {
+        let qpn = self.qpn;
+        let attr = qp.attr();
+        let dev = qp.pd.context().device();
+        let port_mtu = dev.port_attr().active_mtu.bytes() as usize;
+        let mtu = mtu_bytes(attr.path_mtu).unwrap_or(port_mtu).min(port_mtu).min(4096);
+        let engine = match qp.qp_type {
+            QpType::Rc => {
+                let av = attr.ah_attr;
+                if !av.is_global {
+                    return Err(Error::inval(format!(
+                        "modify_qp {qpn} to RTR: RoCE needs a GRH: set ah_attr.is_global = 1 and grh.dgid to the \
+                         peer's GID (ibv_rc_pingpong: pass -g 0)"
+                    )));
+                }
+                let Some(remote) = gid_ipv4(&av.dgid) else {
+                    return Err(Error::new(
+                        Errno::OpNotSupp,
+                        format!(
+                            "modify_qp {qpn} to RTR: destination GID {} is not IPv4-mapped; soft-RoCE sends over \
+                             IPv4 only so far",
+                            Ipv6Addr::from(av.dgid)
+                        ),
+                    ));
+                };
+                let local = local_ipv4(dev, av.sgid_index, qpn)?;
+                let cfg = RcConfig::from_qp_attr(qpn, &attr, mtu);
+                tracing::debug!(qpn, dest_qpn = attr.dest_qp_num, %local, %remote, mtu, "soft-RoCE RC engine");
+                Engine::Rc {
+                    eng: Box::new(RcEngine::new(qp.clone(), cfg)),
+                    local,
+                    remote,
+                }
+            }
+            QpType::Ud => {
+                let local = local_ipv4(dev, 0, qpn)?;
+                let cfg = UdConfig {
+                    local_qpn: qpn,
+                    qkey: attr.qkey,
+                    pkey: 0xffff,
+                    mtu,
+                };
+                Engine::Ud {
+                    eng: UdEngine::new(qp.clone(), cfg),
+                    local,
+                }
+            }
+            other => {
+                return Err(Error::new(
+                    Errno::OpNotSupp,
+                    format!("modify_qp {qpn}: {other:?} QPs are not supported by soft-RoCE"),
+                ))
+            }
+        };
+        *lock(&self.engine) = Some(engine);
+        Ok(())
+    }
+
+    /// A datagram for this QP (ICRC verified). Returns the engine's next deadline.
+    pub(crate) fn on_packet(&self, ep: &Endpoint, transport: &[u8], origin: &Origin) -> Option<Instant> {
+        let pkt = match RocePacket::parse(transport) {
+            Ok(p) => p,
+            Err(e) => {
+                ep.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(qpn = self.qpn, "soft-RoCE: malformed packet: {e}");
+                return None;
+            }
+        };
+        let now = Instant::now();
+        let mut guard = lock(&self.engine);
+        match guard.as_mut() {
+            Some(Engine::Rc { eng, remote, .. }) => {
+                if origin.src.ip() != IpAddr::V4(*remote) {
+                    tracing::debug!(qpn = self.qpn, src = %origin.src, "soft-RoCE: RC packet from a stranger (dropped)");
+                    ep.counters.wrong_source.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                eng.handle_packet(now, &pkt);
+            }
+            Some(Engine::Ud { eng, .. }) => {
+                let src = UdSource {
+                    src_ip: origin.src.ip(),
+                    dst_ip: origin.dst_ip,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                };
+                eng.handle_packet(now, &pkt, &src);
+            }
+            None => {
+                // Before RTR a QP receives nothing (IBTA 10.3.1).
+                tracing::debug!(qpn = self.qpn, "soft-RoCE: packet before RTR (dropped)");
+                ep.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
+        self.flush(ep, guard.as_mut(), now)
+    }
+
+    /// New work or a state change. Returns the engine's next deadline.
+    pub(crate) fn on_kick(&self, ep: &Endpoint) -> Option<Instant> {
+        let now = Instant::now();
+        let mut guard = lock(&self.engine);
+        match guard.as_mut() {
+            Some(Engine::Rc { eng, .. }) => eng.sync_state(now),
+            Some(Engine::Ud { eng, .. }) => eng.sync_state(now),
+            None => {
+                // No engine (not yet RTR, or back in RESET): an ERR request still flushes.
+                if let Some(qp) = self.qp() {
+                    if qp.state() == QpState::Err {
+                        qp.error_and_flush();
+                    }
+                }
+                return None;
+            }
+        }
+        self.flush(ep, guard.as_mut(), now)
+    }
+
+    /// Timer expiry check. Returns the engine's next deadline.
+    pub(crate) fn on_timer(&self, ep: &Endpoint, now: Instant) -> Option<Instant> {
+        let mut guard = lock(&self.engine);
+        if let Some(Engine::Rc { eng, .. }) = guard.as_mut() {
+            if eng.poll_timeout().is_some_and(|d| d <= now) {
+                eng.handle_timeout(now);
+            }
+        }
+        self.flush(ep, guard.as_mut(), now)
+    }
+
+    /// Sends everything the engine has ready; returns its next deadline.
+    fn flush(&self, ep: &Endpoint, engine: Option<&mut Engine>, now: Instant) -> Option<Instant> {
+        let mut buf = Vec::with_capacity(TX_BUF);
+        match engine? {
+            Engine::Rc { eng, local, remote } => {
+                while eng.poll_transmit(now, &mut buf) {
+                    ep.transmit(&self.home, *local, *remote, &buf);
+                }
+                eng.poll_timeout()
+            }
+            Engine::Ud { eng, local } => {
+                while let Some(t) = eng.poll_transmit(now, &mut buf) {
+                    match gid_ipv4(&t.dgid) {
+                        Some(dst) => ep.transmit(&self.home, *local, dst, &buf),
+                        None => {
+                            ep.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Engine counters, for `SOFTRDMA_STATS=1` and tests.
+    pub(crate) fn describe_stats(&self) -> Option<String> {
+        match lock(&self.engine).as_ref()? {
+            Engine::Rc { eng, .. } => Some(format!("{:?}", eng.stats())),
+            Engine::Ud { eng, .. } => Some(format!("{:?}", eng.stats())),
+        }
+    }
+}
+
+/// The [`QpTransport`] and [`QpDriver`] of one soft-RoCE QP.
+#[derive(Debug)]
+pub(crate) struct RoceQp {
+    pub(crate) slot: Arc<Slot>,
+}
+
+impl RoceQp {
+    fn endpoint(&self) -> Result<Arc<Endpoint>> {
+        self.slot
+            .endpoint
+            .upgrade()
+            .ok_or_else(|| Error::new(Errno::Io, "soft-RoCE: the endpoint is gone"))
+    }
+}
+
+impl QpDriver for RoceQp {
+    fn kick(&self) {
+        if let Ok(ep) = self.endpoint() {
+            ep.kick(self.slot.qpn);
+        }
+    }
+}
+
+impl QpTransport for RoceQp {
+    fn modified(&self, qp: &Arc<QpInner>, from: QpState, to: QpState) -> Result<()> {
+        match to {
+            QpState::Rtr if from == QpState::Init => {
+                self.slot.start_engine(qp)?;
+                qp.attach_driver(Arc::new(RoceQp {
+                    slot: self.slot.clone(),
+                }));
+            }
+            QpState::Reset => {
+                *lock(&self.slot.engine) = None;
+            }
+            _ => {}
+        }
+        if from != to {
+            self.kick();
+        }
+        Ok(())
+    }
+
+    fn destroyed(&self, qp: &Arc<QpInner>) {
+        if std::env::var_os("SOFTRDMA_STATS").is_some_and(|v| v == "1") {
+            if let Some(s) = self.slot.describe_stats() {
+                eprintln!("softrdma: QP {:#x} stats: {s}", qp.qpn);
+            }
+        }
+        let groups: Vec<(Ipv4Addr, Ipv4Addr)> = lock(&self.slot.groups).drain(..).collect();
+        if let Ok(ep) = self.endpoint() {
+            for (g, local) in groups {
+                let _ = ep.leave(self.slot.qpn, g, local);
+            }
+            // Outstanding work is discarded without completions, as ibv_destroy_qp does.
+            ep.remove(self.slot.qpn);
+        }
+        *lock(&self.slot.engine) = None;
+    }
+
+    fn attach_mcast(&self, qp: &Arc<QpInner>, gid: [u8; 16]) -> Result<()> {
+        let qpn = qp.qpn;
+        let Some(group) = gid_ipv4(&gid).filter(|g| g.is_multicast()) else {
+            return Err(Error::inval(format!(
+                "attach_mcast on QP {qpn}: {} is not an IPv4 multicast GID (::ffff:224.0.0.0/100)",
+                Ipv6Addr::from(gid)
+            )));
+        };
+        let local = local_ipv4(qp.pd.context().device(), 0, qpn)?;
+        let ep = self.endpoint()?;
+        ep.join(qpn, group, local)?;
+        lock(&self.slot.groups).push((group, local));
+        Ok(())
+    }
+
+    fn detach_mcast(&self, qp: &Arc<QpInner>, gid: [u8; 16]) -> Result<()> {
+        let qpn = qp.qpn;
+        let Some(group) = gid_ipv4(&gid) else {
+            return Err(Error::inval(format!(
+                "detach_mcast on QP {qpn}: {} is not an IPv4 multicast GID",
+                Ipv6Addr::from(gid)
+            )));
+        };
+        let local = {
+            let mut groups = lock(&self.slot.groups);
+            let Some(pos) = groups.iter().position(|(g, _)| *g == group) else {
+                return Err(Error::inval(format!(
+                    "detach_mcast on QP {qpn}: not attached to {group}"
+                )));
+            };
+            groups.remove(pos).1
+        };
+        self.endpoint()?.leave(qpn, group, local)
+    }
+}

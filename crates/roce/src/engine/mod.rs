@@ -1,0 +1,299 @@
+//! The sans-I/O RoCE transport engines, one per QP, in the style of quinn-proto: packets and
+//! timer events go in, packets, deadlines and completions come out. The engines never touch a
+//! socket, a thread or a clock; the caller passes `now`.
+//!
+//! - [`RcEngine`]: a reliable connected QP: requester (`requester.rs`: segmentation, PSN
+//!   window, ORD, fences, AckReq), completer (`completer.rs`: cumulative ACKs, READ responses,
+//!   atomic ACKs, NAKs, go-back-N, RNR waits, ACK timeout) and responder (`responder.rs`,
+//!   `execute.rs`, `replies.rs`, `resources.rs`: in-order execution, duplicate replay, ACK
+//!   coalescing, NAKs).
+//! - [`UdEngine`]: an unreliable datagram QP (`ud.rs`, `grh.rs`).
+//!
+//! Packets are the IB transport part of a RoCEv2 datagram: BTH through pad, without the ICRC
+//! (the driver appends and checks it).
+
+mod completer;
+mod config;
+mod error;
+mod execute;
+mod grh;
+mod local;
+mod psn;
+mod replies;
+mod requester;
+mod resources;
+mod responder;
+mod sendop;
+mod stats;
+mod timers;
+mod ud;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{RcConfig, UdConfig, DEFAULT_WINDOW, MAX_MTU, MAX_WINDOW, MIN_MTU, RNR_RETRY_INFINITE};
+pub use error::{nak_status, RcError, RequestError};
+pub use psn::Psn;
+pub use stats::{NakCounts, RcStats, UdStats};
+pub use timers::{ib_timeout, rnr_timer};
+pub use ud::{UdEngine, UdSource, UdTransmit, GRH_LEN};
+
+use config::pkey_matches;
+use requester::Requester;
+use responder::Responder;
+use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::QpState;
+use softrdma_wire::roce::{pad_len, RocePacket};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Largest message (IBTA: 2^31 bytes).
+pub const MAX_MESSAGE: u64 = 1 << 31;
+/// Most packets (PSNs) one message may use, a quarter of the PSN space so that every PSN
+/// comparison stays unambiguous (1 GiB at MTU 256, the full 2 GiB from MTU 512).
+pub const MAX_MESSAGE_PACKETS: u64 = 1 << 22;
+
+/// Immediate data as the wire carries it, from a WR's `imm_data` (which holds the bytes in
+/// network order, as `__be32` does in C).
+pub(crate) fn imm_to_wire(wr_imm: u32) -> u32 {
+    u32::from_be_bytes(wr_imm.to_ne_bytes())
+}
+
+/// A completion's `imm_data` (network-order bytes, as `__be32`) from the wire value.
+pub(crate) fn imm_from_wire(wire: u32) -> u32 {
+    u32::from_ne_bytes(wire.to_be_bytes())
+}
+
+/// True if a packet's headers, padding and payload are consistent with its opcode.
+pub(crate) fn well_formed(pkt: &RocePacket<'_>) -> bool {
+    let h = &pkt.headers;
+    h.matches_opcode()
+        && usize::from(h.bth.pad_count) == pad_len(pkt.payload.len())
+        && (pkt.payload.is_empty() || h.bth.opcode.has_payload())
+}
+
+/// The transport engine of one RC QP.
+#[derive(Debug)]
+pub struct RcEngine {
+    qp: Arc<QpInner>,
+    cfg: RcConfig,
+    req: Requester,
+    resp: Responder,
+    stats: RcStats,
+    /// Why the QP went to ERR, once it did.
+    error: Option<RcError>,
+    /// In-flight and queued work has been flushed (the QP is in ERR).
+    flushed: bool,
+    /// The QP was reset: everything dropped, the engine is finished.
+    reset: bool,
+    /// Alternates requests and responses so neither side starves.
+    responses_first: bool,
+}
+
+impl RcEngine {
+    /// An engine for `qp` (moving to RTR or RTS) with `cfg`, usually from
+    /// [`RcConfig::from_qp_attr`]. Out-of-range settings are clamped.
+    pub fn new(qp: Arc<QpInner>, cfg: RcConfig) -> RcEngine {
+        let cfg = cfg.sanitized();
+        RcEngine {
+            req: Requester::new(&cfg),
+            resp: Responder::new(&cfg),
+            qp,
+            cfg,
+            stats: RcStats::default(),
+            error: None,
+            flushed: false,
+            reset: false,
+            responses_first: true,
+        }
+    }
+
+    /// The QP this engine serves.
+    pub fn qp(&self) -> &Arc<QpInner> {
+        &self.qp
+    }
+
+    /// The settings in use (after clamping).
+    pub fn config(&self) -> &RcConfig {
+        &self.cfg
+    }
+
+    /// Handles one packet addressed to this QP (ICRC already checked by the caller).
+    /// Packets for another QP or P_Key, or whose headers do not match their opcode, are
+    /// dropped and counted.
+    pub fn handle_packet(&mut self, now: Instant, pkt: &RocePacket<'_>) {
+        if self.stopped() {
+            return;
+        }
+        self.stats.rx_packets += 1;
+        let bth = &pkt.headers.bth;
+        if bth.dest_qp != self.cfg.local_qpn || !pkey_matches(bth.pkey, self.cfg.pkey) || !well_formed(pkt) {
+            self.stats.dropped_invalid += 1;
+            return;
+        }
+        let op = bth.opcode;
+        let result = if op.is_ud() {
+            self.stats.dropped_invalid += 1;
+            Ok(())
+        } else if op.is_response() {
+            self.req.handle_response(now, pkt, &self.qp, &mut self.stats)
+        } else if matches!(
+            self.qp.state(),
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            self.resp.handle_request(pkt, &self.qp, &mut self.stats)
+        } else {
+            self.stats.dropped_invalid += 1;
+            Ok(())
+        };
+        if let Err(e) = result {
+            self.fail(e);
+        }
+    }
+
+    /// Clears `out` and writes the next packet to send into it (BTH through pad, no ICRC).
+    /// False: nothing to send now (call again after the next event or timeout).
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        out.clear();
+        if self.stopped() {
+            // After a rejected request, the NAK still goes out.
+            return self.transmit_final(out);
+        }
+        for turn in 0..2 {
+            let responses = self.responses_first == (turn == 0);
+            let result = if responses {
+                self.resp.poll_transmit(&self.qp, &mut self.stats, out)
+            } else {
+                self.req.poll_transmit(now, &self.qp, &mut self.stats, out)
+            };
+            match result {
+                Ok(true) => {
+                    self.responses_first = !responses;
+                    self.stats.tx_packets += 1;
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.fail(e);
+                    return self.transmit_final(out);
+                }
+            }
+        }
+        false
+    }
+
+    fn transmit_final(&mut self, out: &mut Vec<u8>) -> bool {
+        if self.reset {
+            return false;
+        }
+        match self.resp.poll_transmit(&self.qp, &mut self.stats, out) {
+            Ok(true) => {
+                self.stats.tx_packets += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// When [`RcEngine::handle_timeout`] should next be called (ACK timeout or end of an RNR
+    /// wait), if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.flushed || self.reset {
+            return None;
+        }
+        self.req.poll_timeout()
+    }
+
+    /// Processes expired timers: retransmission after an ACK timeout (or RETRY_EXC_ERR when
+    /// the retries are used up), resumption after an RNR wait.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.stopped() {
+            return;
+        }
+        if let Err(e) = self.req.handle_timeout(now, &self.qp, &mut self.stats) {
+            if matches!(e, RcError::RetryExceeded { .. }) {
+                tracing::debug!(qpn = self.qp.qpn, error = %e, "RC transport retries exhausted");
+            }
+            self.fail(e);
+        }
+    }
+
+    /// Call after the application changed the QP (modify, post to an ERR QP, destroy).
+    /// ERR: in-flight WRs flush first, then queued ones, in order. RESET: everything is
+    /// dropped without completions. RTS/SQD: the send-side attributes of that transition
+    /// (`sq_psn` if nothing was sent yet, `timeout`, `retry_cnt`, `rnr_retry`,
+    /// `max_rd_atomic`, `min_rnr_timer`) are taken from the QP, so an engine created at RTR
+    /// starts sending correctly; new work is then picked up by `poll_transmit`.
+    pub fn sync_state(&mut self, _now: Instant) {
+        if self.stopped() {
+            return;
+        }
+        if matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+            let attr = self.qp.attr();
+            self.req.apply_rts_attrs(&attr);
+            self.resp.cfg.min_rnr_timer = attr.min_rnr_timer & 0x1f;
+            self.cfg = RcConfig {
+                min_rnr_timer: self.resp.cfg.min_rnr_timer,
+                ..self.req.cfg.clone()
+            };
+        }
+    }
+
+    /// True once the QP is in ERR with everything flushed and the last NAK sent (or the QP
+    /// was reset): the driver may drop the engine.
+    pub fn is_closed(&self) -> bool {
+        self.reset || (self.flushed && self.resp.idle())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RcStats {
+        self.stats
+    }
+
+    /// Why the QP went to ERR, if it did.
+    pub fn error(&self) -> Option<&RcError> {
+        self.error.as_ref()
+    }
+
+    /// Follows the QP state; true if the engine must not process anything (ERR or RESET).
+    fn stopped(&mut self) -> bool {
+        if self.reset {
+            return true;
+        }
+        match self.qp.state() {
+            QpState::Err => {
+                if self.flushed {
+                    // WRs posted to the ERR QP since: flush them too.
+                    let (sends, recvs) = self.qp.enter_error();
+                    self.qp.flush(sends, recvs);
+                } else {
+                    self.fail(RcError::Flushed);
+                }
+                true
+            }
+            QpState::Reset => {
+                self.reset = true;
+                self.req.discard();
+                self.resp.abort(false);
+                true
+            }
+            _ => self.flushed,
+        }
+    }
+
+    /// Moves the QP to ERR: the failed WR (if any) has completed already; in-flight WRs flush,
+    /// then the queued ones, then the receive side.
+    fn fail(&mut self, e: RcError) {
+        let keep_nak = matches!(e, RcError::Rejected { .. });
+        if !matches!(e, RcError::Flushed) {
+            tracing::debug!(qpn = self.qp.qpn, error = %e, "RC QP to error state");
+        }
+        self.req.flush(&self.qp);
+        let (sends, recvs) = self.qp.enter_error();
+        let mut all_recvs: Vec<_> = self.resp.abort(keep_nak).into_iter().collect();
+        all_recvs.extend(recvs);
+        self.qp.flush(sends, all_recvs);
+        self.error.get_or_insert(e);
+        self.flushed = true;
+    }
+}
