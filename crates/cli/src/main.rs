@@ -8,6 +8,8 @@ mod cmatose;
 mod devices;
 mod perf;
 mod rping;
+mod scale;
+mod soak;
 
 /// Errors a subcommand reports; `main` prints them as `softrdma: <message>` and exits 1.
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -30,6 +32,10 @@ enum Command {
     Cmatose(cmatose::CmatoseArgs),
     /// RDMA CM ping-pong with SEND, RDMA READ and RDMA WRITE (rdma-core's rping).
     Rping(rping::RpingArgs),
+    /// Mixed SEND/WRITE/READ with random connects and disconnects, every byte verified.
+    Soak(soak::SoakArgs),
+    /// Many RC connections between two processes (and connection bursts at a listener).
+    Scale(scale::ScaleArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +46,8 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(&args),
         Command::Cmatose(args) => return cmatose::run(&args),
         Command::Rping(args) => return rping::run(&args),
+        Command::Soak(args) => soak::run(&args),
+        Command::Scale(args) => scale::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,7 @@ pub mod lan;
 pub mod netns;
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -124,3 +124,113 @@ pub fn check_results(test: &str, out: &Output, sizes: &[u64]) {
 }
 
 pub const TESTS: [&str; 6] = ["send-bw", "write-bw", "read-bw", "send-lat", "write-lat", "read-lat"];
+
+/// A child process whose stdout and stderr lines are collected as they come; killed and reaped
+/// on drop (through [`Reap`]).
+pub struct Logged {
+    pub child: Reap,
+    rx: mpsc::Receiver<String>,
+    /// Every line read so far.
+    pub lines: Vec<String>,
+}
+
+impl Logged {
+    /// Spawns `argv` (e.g. `["ip", "netns", "exec", NS, bin(), ...]`).
+    pub fn spawn(argv: &[&str]) -> Logged {
+        let mut child = Command::new(argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {argv:?}: {e}"));
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().expect("stdout");
+        let err = child.stderr.take().expect("stderr");
+        let tx2 = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx2.send(l);
+            }
+        });
+        Logged {
+            child: Reap(child),
+            rx,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Waits for a line containing `pat` (bounded) and returns it.
+    pub fn wait_line(&mut self, pat: &str, timeout: Duration) -> Option<String> {
+        if let Some(l) = self.lines.iter().find(|l| l.contains(pat)) {
+            return Some(l.clone());
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let l = self.rx.recv_timeout(left).ok()?;
+            self.lines.push(l.clone());
+            if l.contains(pat) {
+                return Some(l);
+            }
+        }
+    }
+
+    /// The port of the child's "listening on ADDR:PORT" line (bounded).
+    pub fn port(&mut self, timeout: Duration) -> u16 {
+        let line = self
+            .wait_line("listening on ", timeout)
+            .unwrap_or_else(|| panic!("no 'listening on' line within {timeout:?}: {:?}", self.lines));
+        line.rsplit(':')
+            .next()
+            .and_then(|p| p.trim().parse().ok())
+            .expect("port in the listening line")
+    }
+
+    /// Waits up to `timeout` for the child to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.0.try_wait().expect("try_wait") {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Takes the lines printed so far without waiting.
+    pub fn poll_lines(&mut self) -> &[String] {
+        while let Ok(l) = self.rx.try_recv() {
+            self.lines.push(l);
+        }
+        &self.lines
+    }
+
+    /// True while the child runs.
+    pub fn running(&mut self) -> bool {
+        self.child.0.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Everything printed so far (after the child exited: everything), one line each.
+    pub fn output(&mut self) -> String {
+        // The reader threads end at EOF; give them a moment to deliver the last lines.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(l) => self.lines.push(l),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(_) if Instant::now() >= deadline => break,
+                Err(_) if self.child.0.try_wait().ok().flatten().is_none() => break,
+                Err(_) => {}
+            }
+        }
+        self.lines.join("\n")
+    }
+}

@@ -22,6 +22,9 @@ pub struct NsPair {
     pub b: String,
     pub addr_a: String,
     pub addr_b: String,
+    /// The veth ends: `veth_a` lives in `a`, `veth_b` in `b`.
+    pub veth_a: String,
+    pub veth_b: String,
 }
 
 impl NsPair {
@@ -31,15 +34,17 @@ impl NsPair {
         let k = (pid % 250) + 1;
         let a = format!("srd{tag}{pid}a");
         let b = format!("srd{tag}{pid}b");
+        let (va, vb) = (format!("v{pid}a"), format!("v{pid}b"));
         let pair = NsPair {
             a: a.clone(),
             b: b.clone(),
             addr_a: format!("198.18.{k}.1"),
             addr_b: format!("198.18.{k}.2"),
+            veth_a: va.clone(),
+            veth_b: vb.clone(),
         };
         ip(&["netns", "add", &a])?;
         ip(&["netns", "add", &b])?;
-        let (va, vb) = (format!("v{pid}a"), format!("v{pid}b"));
         ip(&[
             "link", "add", &va, "netns", &a, "type", "veth", "peer", "name", &vb, "netns", &b,
         ])?;
