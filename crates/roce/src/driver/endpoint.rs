@@ -30,6 +30,12 @@ pub(crate) struct Home {
     used: Mutex<Vec<bool>>,
 }
 
+thread_local! {
+    /// The progress thread's receive buffer and control-message space.
+    static RX: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        std::cell::RefCell::new((vec![0u8; MAX_DATAGRAM + forward::FORWARD_HDR_LEN], net::cmsg_buffer()));
+}
+
 static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new();
 
 /// What the progress thread is woken for.
@@ -408,10 +414,16 @@ impl Endpoint {
     }
 
     fn drain_udp(&self, sock: &UdpSocket, local_port: u16, home: bool) {
-        let mut buf = vec![0u8; MAX_DATAGRAM + forward::FORWARD_HDR_LEN];
-        let mut cmsg = net::cmsg_buffer();
+        RX.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let (buf, cmsg) = &mut *scratch;
+            self.drain_udp_into(sock, local_port, home, buf, cmsg);
+        });
+    }
+
+    fn drain_udp_into(&self, sock: &UdpSocket, local_port: u16, home: bool, buf: &mut [u8], cmsg: &mut Vec<u8>) {
         loop {
-            match net::recv(sock, &mut buf, &mut cmsg) {
+            match net::recv(sock, buf, cmsg) {
                 Ok(Some(r)) => {
                     let data = &buf[..r.len];
                     if home && forward::is_forwarded(data) {
@@ -643,6 +655,27 @@ impl Endpoint {
             }
         }
         self.roce_port()
+    }
+
+    /// Where a packet for `dqpn` at `dst` goes.
+    pub(crate) fn destination(&self, dst: Ipv4Addr, dqpn: u32) -> SocketAddrV4 {
+        SocketAddrV4::new(dst, self.dst_port(dst, dqpn))
+    }
+
+    /// Appends each packet's ICRC and sends the batch from `home`.
+    pub(crate) fn transmit_batch(&self, home: &Home, batch: &mut net::TxBatch) {
+        for (buf, src, dst) in batch.entries_mut() {
+            let ip = IcrcIp::v4_df(src, *dst.ip());
+            let crc = icrc_bytes(icrc(&ip, home.port, dst.port(), buf));
+            buf.extend_from_slice(&crc);
+        }
+        let (sent, failed) = net::send_batch(&home.sock, batch);
+        self.counters.tx_datagrams.fetch_add(sent as u64, Ordering::Relaxed);
+        if failed > 0 {
+            // A full socket buffer or an unreachable host: those packets are lost, and the
+            // reliable transport recovers as it would from any loss.
+            self.counters.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+        }
     }
 
     /// Appends the ICRC to `packet` (BTH..pad) and sends it from `home` to `dst`.

@@ -155,3 +155,164 @@ pub fn recv(sock: &UdpSocket, buf: &mut [u8], cmsg: &mut Vec<u8>) -> io::Result<
 pub fn cmsg_buffer() -> Vec<u8> {
     nix::cmsg_space!(libc::in_pktinfo, libc::in6_pktinfo)
 }
+
+/// Datagrams sent per `sendmmsg` call at most.
+pub const BATCH: usize = 32;
+
+/// Outgoing datagrams collected for one `sendmmsg`: buffers are reused across batches.
+#[derive(Debug, Default)]
+pub struct TxBatch {
+    bufs: Vec<Vec<u8>>,
+    to: Vec<(Ipv4Addr, SocketAddrV4)>,
+}
+
+impl TxBatch {
+    /// Datagrams queued.
+    pub fn len(&self) -> usize {
+        self.to.len()
+    }
+
+    /// True if nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.to.is_empty()
+    }
+
+    /// True when the batch holds [`BATCH`] datagrams.
+    pub fn is_full(&self) -> bool {
+        self.to.len() >= BATCH
+    }
+
+    /// A cleared buffer for the next datagram; it counts only after [`TxBatch::commit`].
+    pub fn next_buf(&mut self) -> &mut Vec<u8> {
+        let i = self.to.len();
+        if self.bufs.len() <= i {
+            self.bufs.push(Vec::with_capacity(4096 + 128));
+        }
+        let b = &mut self.bufs[i];
+        b.clear();
+        b
+    }
+
+    /// The buffer last handed out by [`TxBatch::next_buf`], as filled.
+    pub fn pending(&self) -> &[u8] {
+        self.bufs.get(self.to.len()).map_or(&[], |b| b.as_slice())
+    }
+
+    /// Queues the buffer last handed out by [`TxBatch::next_buf`], from `src` to `dst`.
+    pub fn commit(&mut self, src: Ipv4Addr, dst: SocketAddrV4) {
+        self.to.push((src, dst));
+    }
+
+    /// The queued datagrams, for finishing touches (the ICRC).
+    pub fn entries_mut(&mut self) -> impl Iterator<Item = (&mut Vec<u8>, Ipv4Addr, SocketAddrV4)> {
+        self.bufs.iter_mut().zip(self.to.iter()).map(|(b, &(s, d))| (b, s, d))
+    }
+
+    /// Forgets the queued datagrams (keeping the buffers).
+    pub fn clear(&mut self) {
+        self.to.clear();
+    }
+}
+
+/// Sends every queued datagram with as few `sendmmsg` calls as possible, each from its source
+/// address (`IP_PKTINFO`). Returns (sent, failed); the batch is cleared.
+pub fn send_batch(sock: &UdpSocket, batch: &mut TxBatch) -> (usize, usize) {
+    const CMSG_SPACE: usize = 64;
+    let n = batch.len();
+    let mut names: [libc::sockaddr_in; BATCH] = [zero_sockaddr(); BATCH];
+    let mut iovs: [libc::iovec; BATCH] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; BATCH];
+    let mut cmsgs = [[0u64; CMSG_SPACE / 8]; BATCH];
+    // SAFETY: mmsghdr is a plain C struct; all-zero is a valid (empty) value.
+    let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+    for (i, (src, dst)) in batch.to.iter().enumerate().take(BATCH) {
+        names[i] = sockaddr_in(*dst);
+        iovs[i] = libc::iovec {
+            iov_base: batch.bufs[i].as_ptr() as *mut libc::c_void,
+            iov_len: batch.bufs[i].len(),
+        };
+        let space = write_pktinfo(&mut cmsgs[i], *src);
+        let h = &mut msgs[i].msg_hdr;
+        h.msg_name = &mut names[i] as *mut libc::sockaddr_in as *mut libc::c_void;
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        h.msg_iov = &mut iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = cmsgs[i].as_mut_ptr() as *mut libc::c_void;
+        h.msg_controllen = space;
+    }
+    let (mut done, mut failed) = (0usize, 0usize);
+    while done + failed < n {
+        let start = done + failed;
+        // SAFETY: `msgs[start..n]` point into `names`, `iovs`, `cmsgs` and `batch.bufs`, which
+        // all outlive the call and are not moved while it runs; the kernel only reads them
+        // (and writes `msg_len`).
+        let r = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                msgs[start..n].as_mut_ptr(),
+                (n - start) as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r > 0 {
+            done += r as usize;
+        } else {
+            // The first datagram of the rest failed (full buffer, unreachable): drop it, as
+            // the network would, and go on with the others.
+            failed += 1;
+        }
+    }
+    batch.clear();
+    (done, failed)
+}
+
+fn zero_sockaddr() -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: 0,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: 0 },
+        sin_zero: [0; 8],
+    }
+}
+
+fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// Writes one `IP_PKTINFO` control message choosing `src` into `buf`; returns its length.
+fn write_pktinfo(buf: &mut [u64; 8], src: Ipv4Addr) -> usize {
+    let info = libc::in_pktinfo {
+        ipi_ifindex: 0,
+        ipi_spec_dst: libc::in_addr {
+            s_addr: u32::from(src).to_be(),
+        },
+        ipi_addr: libc::in_addr { s_addr: 0 },
+    };
+    let data_len = std::mem::size_of::<libc::in_pktinfo>() as u32;
+    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic on a length.
+    let (space, len) = unsafe { (libc::CMSG_SPACE(data_len) as usize, libc::CMSG_LEN(data_len) as usize) };
+    debug_assert!(space <= std::mem::size_of_val(buf));
+    let hdr = libc::cmsghdr {
+        cmsg_len: len as _,
+        cmsg_level: libc::IPPROTO_IP,
+        cmsg_type: libc::IP_PKTINFO,
+    };
+    let bytes = buf.as_mut_ptr() as *mut u8;
+    let hdr_len = std::mem::size_of::<libc::cmsghdr>();
+    // SAFETY: `buf` is 64 bytes, 8-aligned, and `space` (32 on Linux x86-64) fits in it; the
+    // header goes at offset 0 and the payload at CMSG_DATA's offset (the aligned header size).
+    unsafe {
+        std::ptr::write_unaligned(bytes as *mut libc::cmsghdr, hdr);
+        std::ptr::write_unaligned(bytes.add(hdr_len) as *mut libc::in_pktinfo, info);
+    }
+    space
+}

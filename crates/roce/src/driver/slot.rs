@@ -39,8 +39,10 @@ pub(crate) struct Slot {
     groups: Mutex<Vec<(Ipv4Addr, Ipv4Addr)>>,
 }
 
-/// Scratch buffer size for one outgoing packet.
-const TX_BUF: usize = 4096 + 128;
+thread_local! {
+    /// The progress thread's outgoing batch (buffers reused across flushes).
+    static TX: std::cell::RefCell<super::net::TxBatch> = std::cell::RefCell::new(super::net::TxBatch::default());
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -232,25 +234,48 @@ impl Slot {
 
     /// Sends everything the engine has ready; returns its next deadline.
     fn flush(&self, ep: &Endpoint, engine: Option<&mut Engine>, now: Instant) -> Option<Instant> {
-        let mut buf = Vec::with_capacity(TX_BUF);
-        match engine? {
-            Engine::Rc { eng, local, remote } => {
-                while eng.poll_transmit(now, &mut buf) {
-                    ep.transmit(&self.home, *local, *remote, &buf);
-                }
-                eng.poll_timeout()
-            }
-            Engine::Ud { eng, local } => {
-                while let Some(t) = eng.poll_transmit(now, &mut buf) {
-                    match gid_ipv4(&t.dgid) {
-                        Some(dst) => ep.transmit(&self.home, *local, dst, &buf),
-                        None => {
-                            ep.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+        let engine = engine?;
+        TX.with(|batch| {
+            let mut batch = batch.borrow_mut();
+            loop {
+                match &mut *engine {
+                    Engine::Rc { eng, local, remote } => {
+                        let dst = ep.destination(*remote, eng.config().dest_qpn);
+                        while !batch.is_full() && eng.poll_transmit(now, batch.next_buf()) {
+                            batch.commit(*local, dst);
+                        }
+                    }
+                    Engine::Ud { eng, local } => {
+                        while !batch.is_full() {
+                            let Some(t) = eng.poll_transmit(now, batch.next_buf()) else {
+                                break;
+                            };
+                            let dqpn = match batch.pending().get(5..8) {
+                                Some(b) => u32::from_be_bytes([0, b[0], b[1], b[2]]),
+                                None => 0,
+                            };
+                            match gid_ipv4(&t.dgid) {
+                                Some(dst) => batch.commit(*local, ep.destination(dst, dqpn)),
+                                None => {
+                                    ep.counters.unsupported.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
                         }
                     }
                 }
-                None
+                if batch.is_empty() {
+                    break;
+                }
+                let full = batch.is_full();
+                ep.transmit_batch(&self.home, &mut batch);
+                if !full {
+                    break;
+                }
             }
+        });
+        match engine {
+            Engine::Rc { eng, .. } => eng.poll_timeout(),
+            Engine::Ud { .. } => None,
         }
     }
 
