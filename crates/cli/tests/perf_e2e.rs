@@ -88,3 +88,11 @@ fn nothing_listening_is_refused_at_once() {
     );
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// The same six tests over the soft-RoCE device (RC over UDP, connected by the IB CM).
+#[test]
+fn every_test_over_rxe() {
+    for test in common::TESTS {
+        run(test, &["-d", "rxe_lo"]);
+    }
+}

@@ -113,9 +113,16 @@ impl MemRegion {
         if !self.check(offset, len) {
             return false;
         }
+        out.reserve(len);
         let start = out.len();
-        out.resize(start + len, 0);
-        self.read(offset, &mut out[start..])
+        // SAFETY: `check` proved offset..offset+len lies in the region, which is valid for reads
+        // per the registration contract; `reserve` made room for `len` more bytes after
+        // `start`, and they are initialised by the copy before `set_len` exposes them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.base.as_ptr().add(offset), out.as_mut_ptr().add(start), len);
+            out.set_len(start + len);
+        }
+        true
     }
 }
 

@@ -291,10 +291,12 @@ impl QpInner {
 
     /// Reports a send-side completion (pushes to the send CQ only if owed).
     pub fn complete_send(&self, wc: WorkCompletion, signaled: bool) {
+        // Free the slot before the completion becomes visible: an application that polls it
+        // may post again at once (perftest keeps exactly max_send_wr WRs outstanding).
+        self.retire_sends(1);
         if signaled || wc.status != WcStatus::Success {
             self.send_cq.inner().push(wc);
         }
-        self.retire_sends(1);
     }
 
     /// Reports a receive completion.

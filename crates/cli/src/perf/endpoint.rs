@@ -1,6 +1,6 @@
 //! One side's verbs objects for a perf run, and completion helpers.
 
-use softrdma_verbs::device::{self, DeviceInfo};
+use softrdma_verbs::device::{self, DeviceInfo, TransportKind};
 use softrdma_verbs::qp_state::{attr_mask, AttrRules};
 use softrdma_verbs::*;
 use std::net::IpAddr;
@@ -52,13 +52,25 @@ impl Endpoint {
             qp_type: QpType::Rc,
             sq_sig_all: false,
         };
-        let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
         let attr = QpAttr {
             qp_state: Some(QpState::Init),
             qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            port_num: 1,
             ..QpAttr::default()
         };
-        qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS)?;
+        let qp = match dev.transport {
+            TransportKind::Iwarp => {
+                let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
+                qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS)?;
+                qp
+            }
+            TransportKind::Roce => {
+                let qp = softrdma_roce::driver::create_qp(&pd, init)?;
+                let mask = attr_mask::STATE | attr_mask::ACCESS_FLAGS | attr_mask::PKEY_INDEX | attr_mask::PORT;
+                qp.modify(&attr, mask)?;
+                qp
+            }
+        };
         Ok(Endpoint { pd, cq, qp })
     }
 

@@ -32,8 +32,22 @@ pub(crate) struct Home {
 
 thread_local! {
     /// The progress thread's receive buffer and control-message space.
-    static RX: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
-        std::cell::RefCell::new((vec![0u8; MAX_DATAGRAM + forward::FORWARD_HDR_LEN], net::cmsg_buffer()));
+    static RX: std::cell::RefCell<net::RxBatch> =
+        std::cell::RefCell::new(net::RxBatch::new(MAX_DATAGRAM + forward::FORWARD_HDR_LEN));
+}
+
+thread_local! {
+    /// Slots that received packets since the last flush (progress thread only).
+    static DIRTY: std::cell::RefCell<Vec<Arc<Slot>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn mark_dirty(slot: Arc<Slot>) {
+    DIRTY.with(|d| {
+        let mut d = d.borrow_mut();
+        if !d.iter().any(|s| Arc::ptr_eq(s, &slot)) {
+            d.push(slot);
+        }
+    });
 }
 
 static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new();
@@ -314,6 +328,20 @@ impl Endpoint {
     }
 
     fn on_event(&self, token: Token, ev: Event) {
+        self.dispatch(token, ev);
+        self.flush_dirty();
+    }
+
+    /// Flushes every slot that received packets in this round, once.
+    fn flush_dirty(&self) {
+        loop {
+            let Some(slot) = DIRTY.with(|d| d.borrow_mut().pop()) else { break };
+            let next = slot.flush_now(self);
+            self.schedule(next);
+        }
+    }
+
+    fn dispatch(&self, token: Token, ev: Event) {
         let role = lock(&self.roles).get(&token).copied();
         match role {
             Some(Role::Shared) => {
@@ -415,45 +443,49 @@ impl Endpoint {
 
     fn drain_udp(&self, sock: &UdpSocket, local_port: u16, home: bool) {
         RX.with(|scratch| {
-            let mut scratch = scratch.borrow_mut();
-            let (buf, cmsg) = &mut *scratch;
-            self.drain_udp_into(sock, local_port, home, buf, cmsg);
-        });
-    }
-
-    fn drain_udp_into(&self, sock: &UdpSocket, local_port: u16, home: bool, buf: &mut [u8], cmsg: &mut Vec<u8>) {
-        loop {
-            match net::recv(sock, buf, cmsg) {
-                Ok(Some(r)) => {
-                    let data = &buf[..r.len];
-                    if home && forward::is_forwarded(data) {
-                        // Only another process on this host may forward: loopback sources
-                        // cannot arrive from the network (the kernel drops them as martians).
-                        match forward::decode(data).filter(|_| r.src.ip().is_loopback()) {
-                            Some((origin, datagram)) => {
-                                self.counters.forwarded_in.fetch_add(1, Ordering::Relaxed);
-                                self.on_datagram(datagram, origin, true);
-                            }
-                            None => {
-                                self.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        continue;
+            let mut rx = scratch.borrow_mut();
+            loop {
+                let n = match net::recv_batch(sock, &mut rx) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::debug!("soft-RoCE: recvmmsg: {e}");
+                        break;
                     }
-                    let origin = Origin {
-                        src: r.src,
-                        dst_ip: r.dst_ip,
-                        dst_port: local_port,
-                    };
-                    self.on_datagram(data, origin, false);
+                };
+                for i in 0..n {
+                    if let Some((data, r)) = rx.datagram(i) {
+                        self.on_received(data, r, local_port, home);
+                    }
                 }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!("soft-RoCE: recvmsg: {e}");
+                if n < net::BATCH {
                     break;
                 }
             }
+        });
+    }
+
+    fn on_received(&self, data: &[u8], r: net::Received, local_port: u16, home: bool) {
+        if home && forward::is_forwarded(data) {
+            // Only another process on this host may forward: loopback sources cannot arrive
+            // from the network (the kernel drops them as martians).
+            match forward::decode(data).filter(|_| r.src.ip().is_loopback()) {
+                Some((origin, datagram)) => {
+                    self.counters.forwarded_in.fetch_add(1, Ordering::Relaxed);
+                    self.on_datagram(datagram, origin, true);
+                }
+                None => {
+                    self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return;
         }
+        let origin = Origin {
+            src: r.src,
+            dst_ip: r.dst_ip,
+            dst_port: local_port,
+        };
+        self.on_datagram(data, origin, false);
     }
 
     /// One UDP payload (BTH .. ICRC) arrived, directly or forwarded by another process.
@@ -542,8 +574,8 @@ impl Endpoint {
             self.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let next = slot.on_packet(self, transport, origin);
-        self.schedule(next);
+        slot.on_packet(self, transport, origin);
+        mark_dirty(slot);
     }
 
     fn deliver_multicast(&self, datagram: &[u8], origin: &Origin) {
@@ -561,8 +593,8 @@ impl Endpoint {
         };
         for qpn in members {
             if let Some(slot) = self.slot(qpn) {
-                let next = slot.on_packet(self, transport, origin);
-                self.schedule(next);
+                slot.on_packet(self, transport, origin);
+                mark_dirty(slot);
             }
         }
     }

@@ -8,12 +8,10 @@
 //!   kernel write IPv4 ID 0 and DF: the ICRC covers both, so they must be predictable
 //!   (../shared/wirecheck/README.md).
 
-use nix::sys::socket::{
-    recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags, SockaddrIn, SockaddrStorage,
-};
+use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags, SockaddrIn};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 
@@ -115,45 +113,6 @@ pub struct Received {
     pub src: SocketAddr,
     /// Destination address from the IP header.
     pub dst_ip: IpAddr,
-}
-
-/// Reads one datagram; Ok(None) when the socket is drained.
-pub fn recv(sock: &UdpSocket, buf: &mut [u8], cmsg: &mut Vec<u8>) -> io::Result<Option<Received>> {
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = match recvmsg::<SockaddrStorage>(sock.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::MSG_DONTWAIT) {
-        Ok(m) => m,
-        Err(nix::errno::Errno::EAGAIN) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let Some(src) = msg.address.and_then(|a| {
-        a.as_sockaddr_in()
-            .map(|s| SocketAddr::V4(SocketAddrV4::new(s.ip(), s.port())))
-            .or_else(|| a.as_sockaddr_in6().map(|s| SocketAddr::V6((*s).into())))
-    }) else {
-        return Ok(Some(Received {
-            len: 0,
-            src: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
-            dst_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        }));
-    };
-    let mut dst_ip = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-    if let Ok(cmsgs) = msg.cmsgs() {
-        for c in cmsgs {
-            if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
-                dst_ip = IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
-            }
-        }
-    }
-    Ok(Some(Received {
-        len: msg.bytes,
-        src,
-        dst_ip,
-    }))
-}
-
-/// A control-message buffer large enough for what [`recv`] asks for.
-pub fn cmsg_buffer() -> Vec<u8> {
-    nix::cmsg_space!(libc::in_pktinfo, libc::in6_pktinfo)
 }
 
 /// Datagrams sent per `sendmmsg` call at most.
@@ -315,4 +274,115 @@ fn write_pktinfo(buf: &mut [u64; 8], src: Ipv4Addr) -> usize {
         std::ptr::write_unaligned(bytes.add(hdr_len) as *mut libc::in_pktinfo, info);
     }
     space
+}
+
+/// Receive buffers for one `recvmmsg`: [`BATCH`] datagrams of up to `size` bytes.
+#[derive(Debug)]
+pub struct RxBatch {
+    bufs: Vec<Vec<u8>>,
+    names: Vec<libc::sockaddr_storage>,
+    cmsgs: Vec<[u64; 8]>,
+    got: Vec<Received>,
+}
+
+impl RxBatch {
+    /// Buffers for datagrams of up to `size` bytes.
+    pub fn new(size: usize) -> RxBatch {
+        RxBatch {
+            bufs: (0..BATCH).map(|_| vec![0u8; size]).collect(),
+            // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+            names: (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            cmsgs: vec![[0u64; 8]; BATCH],
+            got: Vec::with_capacity(BATCH),
+        }
+    }
+
+    /// Datagram `i` of the last [`recv_batch`].
+    pub fn datagram(&self, i: usize) -> Option<(&[u8], Received)> {
+        let r = *self.got.get(i)?;
+        Some((&self.bufs[i][..r.len], r))
+    }
+}
+
+/// Reads up to [`BATCH`] datagrams at once; returns how many (0 when the socket is drained).
+pub fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch) -> io::Result<usize> {
+    let mut iovs: [libc::iovec; BATCH] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; BATCH];
+    // SAFETY: mmsghdr is plain data; all-zero is valid.
+    let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+    for i in 0..BATCH {
+        iovs[i] = libc::iovec {
+            iov_base: rx.bufs[i].as_mut_ptr() as *mut libc::c_void,
+            iov_len: rx.bufs[i].len(),
+        };
+        let h = &mut msgs[i].msg_hdr;
+        h.msg_name = &mut rx.names[i] as *mut libc::sockaddr_storage as *mut libc::c_void;
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &mut iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = rx.cmsgs[i].as_mut_ptr() as *mut libc::c_void;
+        h.msg_controllen = std::mem::size_of::<[u64; 8]>();
+    }
+    // SAFETY: every msghdr points into `rx` buffers and local arrays that outlive the call;
+    // lengths match the buffers.
+    let n = unsafe {
+        libc::recvmmsg(
+            sock.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            BATCH as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    rx.got.clear();
+    for (i, m) in msgs.iter().enumerate().take(n as usize) {
+        let src = sockaddr_to_std(&rx.names[i]).unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+        let dst_ip = pktinfo_dst(&m.msg_hdr).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        rx.got.push(Received {
+            len: m.msg_len as usize,
+            src,
+            dst_ip,
+        });
+    }
+    Ok(n as usize)
+}
+
+fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    if s.ss_family as libc::c_int == libc::AF_INET {
+        // SAFETY: the family says the storage holds a sockaddr_in, which it is large enough for.
+        let a = unsafe { &*(s as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
+        Some(SocketAddr::from((
+            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+            u16::from_be(a.sin_port),
+        )))
+    } else {
+        None
+    }
+}
+
+/// The destination address from an `IP_PKTINFO` control message, if the kernel wrote one.
+fn pktinfo_dst(h: &libc::msghdr) -> Option<IpAddr> {
+    // SAFETY: the CMSG_* helpers walk the control buffer the kernel filled, within
+    // msg_controllen; each header they return lies inside it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
+                let info = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                return Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
 }

@@ -161,14 +161,15 @@ impl Slot {
         Ok(())
     }
 
-    /// A datagram for this QP (ICRC verified). Returns the engine's next deadline.
-    pub(crate) fn on_packet(&self, ep: &Endpoint, transport: &[u8], origin: &Origin) -> Option<Instant> {
+    /// A datagram for this QP (ICRC verified). Nothing is sent yet: the caller flushes the
+    /// slot once the whole burst of received datagrams is handled ([`Slot::flush_now`]).
+    pub(crate) fn on_packet(&self, ep: &Endpoint, transport: &[u8], origin: &Origin) {
         let pkt = match RocePacket::parse(transport) {
             Ok(p) => p,
             Err(e) => {
                 ep.counters.malformed.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(qpn = self.qpn, "soft-RoCE: malformed packet: {e}");
-                return None;
+                return;
             }
         };
         let now = Instant::now();
@@ -178,7 +179,7 @@ impl Slot {
                 if origin.src.ip() != IpAddr::V4(*remote) {
                     tracing::debug!(qpn = self.qpn, src = %origin.src, "soft-RoCE: RC packet from a stranger (dropped)");
                     ep.counters.wrong_source.fetch_add(1, Ordering::Relaxed);
-                    return None;
+                    return;
                 }
                 eng.handle_packet(now, &pkt);
             }
@@ -195,10 +196,14 @@ impl Slot {
                 // Before RTR a QP receives nothing (IBTA 10.3.1).
                 tracing::debug!(qpn = self.qpn, "soft-RoCE: packet before RTR (dropped)");
                 ep.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
-                return None;
             }
         }
-        self.flush(ep, guard.as_mut(), now)
+    }
+
+    /// Sends what the engine has ready after a burst of packets; returns its next deadline.
+    pub(crate) fn flush_now(&self, ep: &Endpoint) -> Option<Instant> {
+        let mut guard = lock(&self.engine);
+        self.flush(ep, guard.as_mut(), Instant::now())
     }
 
     /// New work or a state change. Returns the engine's next deadline.
