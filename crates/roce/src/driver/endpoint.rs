@@ -335,7 +335,9 @@ impl Endpoint {
     /// Flushes every slot that received packets in this round, once.
     fn flush_dirty(&self) {
         loop {
-            let Some(slot) = DIRTY.with(|d| d.borrow_mut().pop()) else { break };
+            let Some(slot) = DIRTY.with(|d| d.borrow_mut().pop()) else {
+                break;
+            };
             let next = slot.flush_now(self);
             self.schedule(next);
         }
