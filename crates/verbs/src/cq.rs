@@ -125,19 +125,25 @@ impl Cq {
 
     /// Takes up to `out.len()` completions; returns how many (`ibv_poll_cq`).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        let Ok(mut st) = self.inner.state.lock() else { return 0 };
-        let n = out.len().min(st.entries.len());
-        for slot in out.iter_mut().take(n) {
-            if let Some(wc) = st.entries.pop_front() {
-                *slot = wc;
+        let n = {
+            let Ok(mut st) = self.inner.state.lock() else { return 0 };
+            let n = out.len().min(st.entries.len());
+            for slot in out.iter_mut().take(n) {
+                if let Some(wc) = st.entries.pop_front() {
+                    *slot = wc;
+                }
             }
-        }
+            n
+        };
+        yield_if_spinning(n == 0);
         n
     }
 
     /// Takes one completion, if any.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
-        self.inner.state.lock().ok()?.entries.pop_front()
+        let wc = self.inner.state.lock().ok()?.entries.pop_front();
+        yield_if_spinning(wc.is_none());
+        wc
     }
 
     /// True once a completion was dropped because the CQ was full.
@@ -195,6 +201,31 @@ impl Cq {
         }
         got
     }
+}
+
+/// Empty polls in a row after which a spinning poller yields its CPU once.
+const SPIN_BEFORE_YIELD: u32 = 64;
+
+/// Applications spin on `ibv_poll_cq` (perftest does); the completions they wait for come from
+/// the progress thread, which on a machine with few CPUs may need the very CPU they spin on.
+/// Every [`SPIN_BEFORE_YIELD`] empty polls in a row, the polling thread yields once.
+fn yield_if_spinning(empty: bool) {
+    thread_local! {
+        static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    EMPTY_POLLS.with(|c| {
+        if !empty {
+            c.set(0);
+            return;
+        }
+        let n = c.get() + 1;
+        if n >= SPIN_BEFORE_YIELD {
+            c.set(0);
+            std::thread::yield_now();
+        } else {
+            c.set(n);
+        }
+    });
 }
 
 #[cfg(test)]
