@@ -16,10 +16,18 @@ use std::time::Duration;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn scale_run(client_args: &[&str]) -> serde_json::Value {
+    scale_run_with(&[], client_args)
+}
+
+/// `env` is a prefix like `["env", "SOFTRDMA_TRANSPORTS=roce"]` for both processes.
+fn scale_run_with(env: &[&str], client_args: &[&str]) -> serde_json::Value {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let mut server = Logged::spawn(&[bin(), "scale", "-b", "127.0.0.1", "-p", "0"]);
+    let mut sargv = env.to_vec();
+    sargv.extend_from_slice(&[bin(), "scale", "-b", "127.0.0.1", "-p", "0"]);
+    let mut server = Logged::spawn(&sargv);
     let port = server.port(Duration::from_secs(10)).to_string();
-    let mut argv = vec![bin(), "scale", "127.0.0.1", "-p", &port, "--json", "--timeout", "60"];
+    let mut argv = env.to_vec();
+    argv.extend_from_slice(&[bin(), "scale", "127.0.0.1", "-p", &port, "--json", "--timeout", "60"]);
     argv.extend_from_slice(client_args);
     let mut client = Logged::spawn(&argv);
     let status = client
@@ -61,6 +69,34 @@ fn thousand_connections_between_two_processes() {
         "1000 RC connections: setup {:.2} s, data {:.2} s; client {:.1} KiB and {:.2} fds per connection, server {:.1} KiB and {:.2} fds",
         num(&v, "setup_s"),
         num(&v, "data_s"),
+        num(&v, "client_rss_per_conn_kib"),
+        num(&v, "client_fds_per_conn"),
+        num(&v, "server_rss_per_conn_kib"),
+        num(&v, "server_fds_per_conn")
+    );
+}
+
+/// The same over soft-RoCE: RC QPs on UDP, connected by the IB CM. No fd per connection: the
+/// process's UDP endpoint carries every QP (and closes the extra home ports it opened).
+#[test]
+fn thousand_roce_connections_between_two_processes() {
+    let v = scale_run_with(&["env", "SOFTRDMA_TRANSPORTS=roce"], &["-c", "1000"]);
+    for k in [
+        "established",
+        "verified",
+        "disconnected",
+        "server_live",
+        "server_verified",
+    ] {
+        assert!(num(&v, k) >= 1000.0, "{k}: {v}");
+    }
+    assert_eq!(num(&v, "server_errors"), 0.0, "{v}");
+    assert!(num(&v, "client_rss_per_conn_kib") < 512.0, "{v}");
+    assert!(num(&v, "server_rss_per_conn_kib") < 512.0, "{v}");
+    assert_eq!(v["client_fds_end"], v["client_fds_base"], "fds leaked: {v}");
+    eprintln!(
+        "1000 RoCE RC connections: setup {:.2} s; client {:.1} KiB and {:.2} fds per connection, server {:.1} KiB and {:.2} fds",
+        num(&v, "setup_s"),
         num(&v, "client_rss_per_conn_kib"),
         num(&v, "client_fds_per_conn"),
         num(&v, "server_rss_per_conn_kib"),

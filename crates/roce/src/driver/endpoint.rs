@@ -28,6 +28,7 @@ pub(crate) struct Home {
     pub(crate) port: u16,
     pub(crate) sock: UdpSocket,
     used: Mutex<Vec<bool>>,
+    token: OnceLock<Token>,
 }
 
 thread_local! {
@@ -56,7 +57,7 @@ static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new()
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Shared,
-    HomeUdp(usize),
+    HomeUdp(u16),
     Service(u64),
     Control,
 }
@@ -72,7 +73,8 @@ pub(crate) struct Endpoint {
     pending: Mutex<HashSet<u32>>,
     timer_at: Mutex<Option<Instant>>,
     mcast: Mutex<HashMap<Ipv4Addr, HashSet<u32>>>,
-    services: Mutex<HashMap<u64, (UnixDatagram, Token)>>,
+    services: Mutex<HashMap<u64, (UnixDatagram, Token, Option<UnixDatagram>)>>,
+    pub(crate) owners: Mutex<HashMap<u64, (Instant, u16)>>,
     opening: Mutex<()>,
     local_addrs: Mutex<Option<(Instant, HashSet<Ipv4Addr>)>>,
     internal: Mutex<std::collections::VecDeque<(Vec<u8>, Origin)>>,
@@ -143,6 +145,7 @@ impl Endpoint {
             timer_at: Mutex::new(None),
             mcast: Mutex::new(HashMap::new()),
             services: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
             local_addrs: Mutex::new(None),
             internal: Mutex::new(std::collections::VecDeque::new()),
@@ -218,17 +221,18 @@ impl Endpoint {
             port,
             sock,
             used: Mutex::new(vec![false; QPS_PER_PORT + 1]),
+            token: OnceLock::new(),
         });
         let me = self
             .me()
             .ok_or_else(|| Error::new(Errno::Io, "soft-RoCE: endpoint is shutting down"))?;
         let mut homes = self.homes.write().unwrap_or_else(|p| p.into_inner());
-        let idx = homes.len();
         let t1 = self
             .reactor
             .register(home.sock.as_raw_fd(), READ, Arc::new(Driven(me)))
             .map_err(|e| io_err("epoll", e))?;
-        lock(&self.roles).insert(t1, Role::HomeUdp(idx));
+        let _ = home.token.set(t1);
+        lock(&self.roles).insert(t1, Role::HomeUdp(port));
         homes.push(home.clone());
         tracing::debug!(port, "soft-RoCE: new home port");
         Ok(home)
@@ -251,7 +255,26 @@ impl Endpoint {
         }
         if let Some(s) = slot {
             s.home.release(qpn);
+            self.close_if_idle(&s.home);
         }
+    }
+
+    /// Closes a home socket whose QPs are all gone; the first one stays (it names this process
+    /// in CM communication IDs).
+    fn close_if_idle(&self, home: &Arc<Home>) {
+        let mut homes = self.homes.write().unwrap_or_else(|p| p.into_inner());
+        let Some(pos) = homes.iter().position(|h| Arc::ptr_eq(h, home)) else {
+            return;
+        };
+        if pos == 0 || lock(&home.used).iter().any(|u| *u) {
+            return;
+        }
+        homes.remove(pos);
+        if let Some(t) = home.token.get() {
+            self.reactor.deregister(*t, Some(home.sock.as_raw_fd()));
+            lock(&self.roles).remove(t);
+        }
+        tracing::debug!(port = home.port, "soft-RoCE: home port closed (no QPs left)");
     }
 
     fn slot(&self, qpn: u32) -> Option<Arc<Slot>> {
@@ -351,8 +374,8 @@ impl Endpoint {
                     self.drain_udp(s, self.roce_port(), false);
                 }
             }
-            Some(Role::HomeUdp(i)) => {
-                if let Some(h) = self.home(i) {
+            Some(Role::HomeUdp(port)) => {
+                if let Some(h) = self.home_by_port(port) {
                     self.drain_udp(&h.sock, h.port, true);
                 }
             }
@@ -368,6 +391,15 @@ impl Endpoint {
             }
             None => {}
         }
+    }
+
+    fn home_by_port(&self, port: u16) -> Option<Arc<Home>> {
+        self.homes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|h| h.port == port)
+            .cloned()
     }
 
     fn home(&self, i: usize) -> Option<Arc<Home>> {
@@ -388,7 +420,7 @@ impl Endpoint {
     }
 
     /// Records a claimed service and watches its socket.
-    pub(crate) fn add_service(&self, sid: u64, sock: UnixDatagram) -> Result<()> {
+    pub(crate) fn add_service(&self, sid: u64, sock: UnixDatagram, marker: Option<UnixDatagram>) -> Result<()> {
         let me = self
             .me()
             .ok_or_else(|| Error::new(Errno::Io, "soft-RoCE: endpoint is shutting down"))?;
@@ -397,13 +429,13 @@ impl Endpoint {
             .register(sock.as_raw_fd(), READ, Arc::new(Driven(me)))
             .map_err(|e| Error::new(Errno::Io, format!("soft-RoCE: epoll: {e}")))?;
         lock(&self.roles).insert(t, Role::Service(sid));
-        lock(&self.services).insert(sid, (sock, t));
+        lock(&self.services).insert(sid, (sock, t, marker));
         Ok(())
     }
 
     /// Forgets a claimed service.
     pub(crate) fn release_service(&self, sid: u64) {
-        if let Some((sock, t)) = lock(&self.services).remove(&sid) {
+        if let Some((sock, t, _marker)) = lock(&self.services).remove(&sid) {
             self.reactor.deregister(t, Some(sock.as_raw_fd()));
             lock(&self.roles).remove(&t);
         }
@@ -417,7 +449,7 @@ impl Endpoint {
         let mut buf = vec![0u8; MAX_DATAGRAM + forward::FORWARD_HDR_LEN];
         loop {
             let r = match lock(&self.services).get(&sid) {
-                Some((sock, _)) => sock.recv(&mut buf),
+                Some((sock, _, _)) => sock.recv(&mut buf),
                 None => return,
             };
             match r {

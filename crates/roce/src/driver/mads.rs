@@ -18,6 +18,27 @@ pub(crate) fn service_socket_name(service_id: u64) -> String {
     format!("softrdma-rxe-svc-{service_id:016x}")
 }
 
+/// The prefix of the marker a claim's owner binds next to the claim, naming its home port:
+/// `@softrdma-rxe-svc-<sid>-home-<port>`. Forwarders find it in /proc/net/unix and forward
+/// REQs by UDP (deep socket buffers) instead of through the claim's Unix datagram queue,
+/// which holds only `net.unix.max_dgram_qlen` (10) messages.
+fn owner_marker_prefix(service_id: u64) -> String {
+    format!("{}-home-", service_socket_name(service_id))
+}
+
+/// The home port of the process that claims `service_id`, from /proc/net/unix.
+fn find_owner_port(service_id: u64) -> Option<u16> {
+    let want = format!("@{}", owner_marker_prefix(service_id));
+    let table = std::fs::read_to_string("/proc/net/unix").ok()?;
+    table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .find_map(|path| path.strip_prefix(want.as_str())?.parse().ok())
+}
+
+/// How long a found owner is trusted without looking again.
+const OWNER_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Holds a service ID for this process; dropping it releases the ID.
 #[derive(Debug)]
 pub struct ServiceClaim {
@@ -87,10 +108,23 @@ impl Endpoint {
             Route::Service(sid) => {
                 if self.claims_service(sid) {
                     self.hand_to_cm(peer, mad);
-                } else if !forwarded && self.forward_to(&service_socket_name(sid), raw, origin) {
-                    self.counters.forwarded_out.fetch_add(1, Ordering::Relaxed);
-                } else {
+                } else if forwarded {
                     self.answer_no_listener(peer, mad);
+                } else if let Some(port) = self.owner_port(sid) {
+                    if self.forward_to_home(port, raw, origin) {
+                        self.counters.forwarded_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                } else {
+                    match self.forward_to(&service_socket_name(sid), raw, origin) {
+                        Ok(()) => {
+                            self.counters.forwarded_out.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // The owner's queue is full: drop it like a full backlog; the CM retries.
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.counters.gsi_dropped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => self.answer_no_listener(peer, mad),
+                    }
                 }
             }
             Route::CommId(id) => {
@@ -147,17 +181,34 @@ impl Endpoint {
     }
 
     /// Sends `datagram` (as received) with its origin to the abstract socket `name`.
-    fn forward_to(&self, name: &str, datagram: &[u8], origin: &Origin) -> bool {
+    fn forward_to(&self, name: &str, datagram: &[u8], origin: &Origin) -> std::io::Result<()> {
         let mut msg = Vec::with_capacity(forward::FORWARD_HDR_LEN + datagram.len());
         forward::encode(origin, &mut msg);
         msg.extend_from_slice(datagram);
-        UnixAddr::from_abstract_name(name.as_bytes())
-            .and_then(|addr| {
-                let s = UnixDatagram::unbound()?;
-                s.set_nonblocking(true)?;
-                s.send_to_addr(&msg, &addr)
-            })
-            .is_ok()
+        let addr = UnixAddr::from_abstract_name(name.as_bytes())?;
+        let s = UnixDatagram::unbound()?;
+        s.set_nonblocking(true)?;
+        s.send_to_addr(&msg, &addr).map(|_| ())
+    }
+
+    /// The home port of another process on this host that claims `sid` (cached for a second).
+    fn owner_port(&self, sid: u64) -> Option<u16> {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, port)) = owners.get(&sid) {
+            if at.elapsed() < OWNER_CACHE {
+                return Some(*port);
+            }
+        }
+        let found = find_owner_port(sid);
+        match found {
+            Some(port) => {
+                owners.insert(sid, (std::time::Instant::now(), port));
+            }
+            None => {
+                owners.remove(&sid);
+            }
+        }
+        found
     }
 
     /// Sends a MAD from `local` to QP1 at `remote`.
@@ -218,7 +269,14 @@ impl Endpoint {
         })?;
         sock.set_nonblocking(true)
             .map_err(|e| Error::new(Errno::Io, format!("rdma_listen: {e}")))?;
-        self.add_service(service_id, sock)?;
+        // The marker naming our home port (see `owner_marker_prefix`); without it forwarders
+        // fall back to the claim socket itself.
+        let home = self.first_home()?;
+        let marker =
+            UnixAddr::from_abstract_name(format!("{}{}", owner_marker_prefix(service_id), home.port).as_bytes())
+                .and_then(|a| UnixDatagram::bind_addr(&a))
+                .ok();
+        self.add_service(service_id, sock, marker)?;
         Ok(ServiceClaim {
             service_id,
             endpoint: Arc::downgrade(self),
