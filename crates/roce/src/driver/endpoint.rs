@@ -53,6 +53,10 @@ fn mark_dirty(slot: Arc<Slot>) {
 
 static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new();
 
+/// A claimed service: its socket (REQs forwarded to it arrive here), its reactor token, and
+/// the marker socket naming this process's home port (see `mads`).
+type Claimed = (UnixDatagram, Token, Option<UnixDatagram>);
+
 /// What the progress thread is woken for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -73,7 +77,7 @@ pub(crate) struct Endpoint {
     pending: Mutex<HashSet<u32>>,
     timer_at: Mutex<Option<Instant>>,
     mcast: Mutex<HashMap<Ipv4Addr, HashSet<u32>>>,
-    services: Mutex<HashMap<u64, (UnixDatagram, Token, Option<UnixDatagram>)>>,
+    services: Mutex<HashMap<u64, Claimed>>,
     pub(crate) owners: Mutex<HashMap<u64, (Instant, u16)>>,
     opening: Mutex<()>,
     local_addrs: Mutex<Option<(Instant, HashSet<Ipv4Addr>)>>,
