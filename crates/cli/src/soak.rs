@@ -1064,8 +1064,10 @@ fn run_batch(
     while pending > 0 {
         let Some(wc) = wait_wc(&c.cq, &c.cc, deadline) else {
             return Err(format!(
-                "batch {batch}: {pending} of {} work requests did not complete within {bound:?}",
-                posted.len() + 1
+                "batch {batch}: {pending} of {} work requests did not complete within {bound:?} (QP {:#x} in {})",
+                posted.len() + 1,
+                qp.qpn(),
+                qp.state()
             ));
         };
         pending -= 1;

@@ -11,9 +11,19 @@ use std::time::Duration;
 
 #[test]
 fn mixed_traffic_with_churn_every_byte_verified_flat_memory() {
-    let secs: u64 = if std::env::var("CI").is_ok() { 60 } else { 20 };
+    soak(&[], if std::env::var("CI").is_ok() { 60 } else { 20 });
+}
+
+/// The same over soft-RoCE (`rxe_lo`: RC over UDP, IB CM); shorter, the iWARP run is the long one.
+#[test]
+fn mixed_traffic_with_churn_over_roce() {
+    soak(&["env", "SOFTRDMA_TRANSPORTS=roce"], 20);
+}
+
+fn soak(env: &[&str], secs: u64) {
     let s = secs.to_string();
-    let mut soak = Logged::spawn(&[
+    let mut argv = env.to_vec();
+    argv.extend_from_slice(&[
         bin(),
         "soak",
         "--seconds",
@@ -24,6 +34,7 @@ fn mixed_traffic_with_churn_every_byte_verified_flat_memory() {
         "--progress",
         "10",
     ]);
+    let mut soak = Logged::spawn(&argv);
     let status = soak
         .wait_exit(Duration::from_secs(secs + 60))
         .unwrap_or_else(|| panic!("soak hangs: {}", soak.output()));

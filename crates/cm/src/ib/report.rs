@@ -36,6 +36,9 @@ pub(crate) fn deliver(ls: &mut LinkState, r: Report, now: Instant) -> Actions {
             Vec::new()
         }
         Report::Rejected { reason, private_data } => {
+            if reason == RejReason::InvalidServiceId && super::active::retry_unclaimed(ls, &id) {
+                return Vec::new();
+            }
             qp_error(&id);
             let why = format!("connection to {peer} rejected: {}", reason_text(reason));
             tracing::debug!("{why}");
@@ -75,6 +78,10 @@ pub(crate) fn deliver(ls: &mut LinkState, r: Report, now: Instant) -> Actions {
                 st.disconnected = true;
                 st.state = CmState::Disconnect;
             }
+            // The peer moved its QP to ERR before its DREQ (or stopped answering): nothing
+            // posted here can complete any more, so flush it now, as a closed iWARP stream
+            // does, instead of leaving receives waiting until the application disconnects.
+            qp_error(&id);
             let (status, why) = if timed_out {
                 (
                     -libc::ETIMEDOUT,

@@ -28,6 +28,7 @@ pub(crate) struct Home {
     pub(crate) port: u16,
     pub(crate) sock: UdpSocket,
     used: Mutex<Vec<bool>>,
+    cursor: std::sync::atomic::AtomicUsize,
     token: OnceLock<Token>,
 }
 
@@ -225,6 +226,7 @@ impl Endpoint {
             port,
             sock,
             used: Mutex::new(vec![false; QPS_PER_PORT + 1]),
+            cursor: std::sync::atomic::AtomicUsize::new(0),
             token: OnceLock::new(),
         });
         let me = self
@@ -781,12 +783,18 @@ const READ: Interest = Interest {
 };
 
 impl Home {
+    /// Reserves the next free index after the last one handed out (round robin): a number is
+    /// reused as late as possible, so stray packets of a closed connection do not reach the
+    /// QP that gets its number next (the IB CM's time-wait serves the same purpose).
     fn take_index(&self) -> Option<u32> {
         let mut used = lock(&self.used);
-        for idx in 1..=QPS_PER_PORT {
+        let start = self.cursor.load(std::sync::atomic::Ordering::Relaxed);
+        for step in 1..=QPS_PER_PORT {
+            let idx = (start + step - 1) % QPS_PER_PORT + 1;
             if !used[idx] {
                 if let Some(q) = make_qpn(self.port, idx as u8) {
                     used[idx] = true;
+                    self.cursor.store(idx, std::sync::atomic::Ordering::Relaxed);
                     return Some(q);
                 }
             }
