@@ -25,20 +25,19 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use libc::{nfds_t, pollfd, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
 use softrdma_cm::{CmEvent, CmId, CmOption, CmState, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma_verbs::device::DeviceInfo;
-use softrdma_verbs::qp_state::attr_mask;
-use softrdma_verbs::{Access, QpState};
+use softrdma_verbs::device::{DeviceInfo, TransportKind};
+use softrdma_verbs::QpState;
 
 use crate::abi::{
     ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, rdma_addrinfo, rdma_cm_event,
-    rdma_cm_id, rdma_conn_param, rdma_event_channel,
+    rdma_cm_id, rdma_cm_join_mc_attr_ex, rdma_conn_param, rdma_event_channel, rdma_ud_param,
 };
 use crate::context::open_device;
 use crate::device::current_devices;
 use crate::error::{non_null, ret_neg1, ret_or, ret_ptr, CError, CResult};
 use crate::objects::{
-    alloc_pd, c_object, create_comp_channel, create_cq, destroy_comp_channel, destroy_cq, destroy_srq, free_qp,
-    qp_init_from_c, refresh_qp_state, wrap_qp, SoftPd, SoftQp,
+    ah_to_c, alloc_pd, c_object, create_comp_channel, create_cq, destroy_comp_channel, destroy_cq, destroy_srq,
+    free_qp, qp_attr_to_c, qp_init_from_c, refresh_qp_state, wrap_qp, SoftPd, SoftQp,
 };
 
 /// `IBV_QPT_RC`.
@@ -55,8 +54,18 @@ const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
 const RDMA_OPTION_ID_AFONLY: c_int = 2;
 const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
 const RDMA_OPTION_IB_PATH: c_int = 1;
-/// `IBV_QP_INIT_ATTR_PD` in `ibv_qp_init_attr_ex.comp_mask`.
+/// `IBV_QP_INIT_ATTR_PD` and `IBV_QP_INIT_ATTR_CREATE_FLAGS` in `ibv_qp_init_attr_ex.comp_mask`.
 const IBV_QP_INIT_ATTR_PD: u32 = 1;
+const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+/// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` in `ibv_qp_init_attr_ex.create_flags`.
+const IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`, `RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS`, `RDMA_CM_JOIN_MC_ATTR_RESERVED`.
+const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1;
+const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 1 << 2;
+/// `RDMA_MC_JOIN_FLAG_FULLMEMBER`, `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`.
+const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
 /// Timeout librdmacm's `rdma_create_ep` uses for address and route resolution.
 const EP_RESOLVE_TIMEOUT_MS: c_int = 2000;
 
@@ -78,6 +87,20 @@ pub(crate) fn ucma_init() -> CResult<()> {
     FOUND.store(true, Ordering::Release);
     Ok(())
 }
+
+/// Longest wait at exit for the IB CM's last MADs.
+const EXIT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The library's destructor (process exit): lets the IB CM MADs queued last (the DREP of an
+/// `rdma_disconnect` after DISCONNECTED, the DREQ of an `rdma_destroy_id`) leave the process
+/// before it ends, as the kernel's CM would still send them (`softrdma_cm::flush_mads`).
+extern "C" fn flush_cm_at_exit() {
+    let _ = std::panic::catch_unwind(|| softrdma_cm::flush_mads(EXIT_FLUSH_LIMIT));
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static FLUSH_CM_AT_EXIT: extern "C" fn() = flush_cm_at_exit;
 
 // ---------------------------------------------------------------------------------------------
 // Per-device context and default PD
@@ -227,6 +250,9 @@ pub(crate) struct SoftCmId {
     /// Active id connected with `conn_param.qp_num` and no `id->qp` (rping -q): its
     /// ESTABLISHED is reported as CONNECT_RESPONSE, and `rdma_establish` completes it.
     qpless: std::sync::atomic::AtomicBool,
+    /// Multicast groups joined: `(MGID, context)`; MULTICAST_JOIN events carry the context
+    /// in `param.ud.private_data`, as librdmacm does.
+    mc_contexts: Mutex<Vec<([u8; 16], usize)>>,
 }
 c_object!(SoftCmId, rdma_cm_id, "id");
 
@@ -348,6 +374,7 @@ fn new_c_id(
         own_channels: Mutex::new(own),
         ep_qp_attr: Mutex::new(None),
         qpless: std::sync::atomic::AtomicBool::new(false),
+        mc_contexts: Mutex::new(Vec::new()),
     };
     soft.refresh()?;
     let p = soft.into_c();
@@ -487,6 +514,11 @@ fn connect(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> CResult<c_int> {
     r.map(|()| 0)
 }
 
+/// True when the id's device is a soft-RoCE one (its CM is the IB CM).
+fn on_roce(id: &CmId) -> bool {
+    id.device().is_some_and(|d| d.transport == TransportKind::Roce)
+}
+
 /// An application that made its QP with `ibv_create_qp` (rping -q) either stores it in
 /// `id->qp` or names it in `conn_param.qp_num`; either way it is attached to the CM id, so
 /// connect/accept bring it to RTS. Returns true for the `qp_num` case (no `id->qp`).
@@ -499,6 +531,12 @@ fn attach_c_qp(s: &SoftCmId, qp_num: u32) -> CResult<bool> {
         if let Some(q) = crate::objects::live_qp(qp) {
             s.id.attach_qp(&q)?;
         }
+        return Ok(false);
+    }
+    // On RoCE the QP named by qp_num stays the application's, as with the kernel's IB CM: its
+    // number goes into the REQ/REP, the active side gets CONNECT_RESPONSE, and the application
+    // moves the QP itself (rdma_init_qp_attr) before rdma_establish or rdma_accept.
+    if on_roce(&s.id) {
         return Ok(false);
     }
     match (qp_num != 0).then(|| crate::objects::live_qp_by_num(qp_num)).flatten() {
@@ -532,8 +570,10 @@ fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8) -> CResult<c_int> {
 fn disconnect(p: *mut rdma_cm_id) -> CResult<c_int> {
     with_id(p, |s| {
         // The kernel's iw_cm answers 0 when the connection is already closing or closed (the
-        // peer disconnected first); applications call rdma_disconnect on DISCONNECTED.
-        if s.id.state() == CmState::Disconnect {
+        // peer disconnected first); applications call rdma_disconnect on DISCONNECTED. On RoCE
+        // the IB CM still has work then: the QP to ERR (flushing its receives, which rping's
+        // CQ thread waits for) and the DREP.
+        if s.id.state() == CmState::Disconnect && !on_roce(&s.id) {
             return Ok(());
         }
         let r = s.id.disconnect();
@@ -603,8 +643,11 @@ fn set_option(p: *mut rdma_cm_id, level: c_int, name: c_int, val: *mut c_void, l
     Ok(0)
 }
 
-/// `rdma_init_qp_attr` for iWARP (the kernel's `iw_cm_init_qp_attr` plus the port): INIT and
-/// RTR give state, access flags (remote read and write) and port; RTS gives state and port.
+/// `rdma_init_qp_attr`: the attributes of `qp_attr->qp_state` for the id's connection, written
+/// over the whole struct as librdmacm does. iWARP (the kernel's `iw_cm_init_qp_attr` plus the
+/// port): INIT and RTR give state, access flags (remote read and write) and port, RTS state and
+/// port. RoCE (the IB CM's): INIT gives P_Key index, port and access (RC) or Q_Key (UD); RTR
+/// and RTS the path, QPN and PSNs, once the REQ (passive side) or REP (active side) arrived.
 fn init_qp_attr(p: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> CResult<c_int> {
     // SAFETY: `p` is an id of this library (C contract).
     let soft = unsafe { SoftCmId::from_c(p)? };
@@ -616,24 +659,19 @@ fn init_qp_attr(p: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) ->
         ));
     }
     // SAFETY: non-NULL; the caller sets qp_state before the call.
-    let state = QpState::from_u32(unsafe { (*attr).qp_state });
-    let bits = match state {
-        Some(QpState::Init | QpState::Rtr) => {
-            let access = Access::REMOTE_WRITE | Access::REMOTE_READ;
-            // SAFETY: non-NULL; the caller's struct ibv_qp_attr.
-            unsafe { (*attr).qp_access_flags = access.0 };
-            attr_mask::STATE | attr_mask::ACCESS_FLAGS | attr_mask::PORT
-        }
-        Some(QpState::Rts) => attr_mask::STATE | attr_mask::PORT,
+    let want = unsafe { (*attr).qp_state };
+    let state = match QpState::from_u32(want) {
+        Some(s @ (QpState::Init | QpState::Rtr | QpState::Rts)) => s,
         _ => {
             return Err(CError::inval(format!(
-                "rdma_init_qp_attr: no attributes for QP state {state:?} (INIT, RTR or RTS)"
+                "rdma_init_qp_attr: no attributes for QP state {want} (INIT, RTR or RTS)"
             )))
         }
     };
+    let (a, bits) = soft.id.init_qp_attr(state)?;
     // SAFETY: non-NULL out-parameters of the caller.
     unsafe {
-        (*attr).port_num = 1;
+        attr.write(qp_attr_to_c(&a));
         mask.write(bits as c_int);
     }
     Ok(0)
@@ -642,6 +680,13 @@ fn init_qp_attr(p: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) ->
 fn establish(p: *mut rdma_cm_id) -> CResult<c_int> {
     // SAFETY: `p` is an id of this library (C contract).
     let soft = unsafe { SoftCmId::from_c(p)? };
+    if on_roce(&soft.id) {
+        // The IB CM: the application moved its QP (rdma_init_qp_attr) after CONNECT_RESPONSE;
+        // the RTU completes the connection (no further event, as with the kernel).
+        soft.id.establish()?;
+        refresh_qp_state(soft.qp());
+        return Ok(0);
+    }
     match soft.id.qp() {
         // The QP named by conn_param.qp_num went to RTS with the connection; nothing is left.
         Some(q) if soft.qp().is_null() && q.state() == softrdma_verbs::QpState::Rts => Ok(0),
@@ -650,6 +695,78 @@ fn establish(p: *mut rdma_cm_id) -> CResult<c_int> {
             "rdma_establish: no connected QP: connect with conn_param.qp_num naming a QP made by ibv_create_qp, and wait for CONNECT_RESPONSE",
         )),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multicast
+
+/// `rdma_join_multicast[_ex]`: the CM joins (RoCE UD ids; iWARP ids get EOPNOTSUPP) and
+/// MULTICAST_JOIN follows with `param.ud.private_data = context`.
+fn join_multicast(p: *mut rdma_cm_id, addr: *mut sockaddr, flags: u32, context: *mut c_void) -> CResult<c_int> {
+    // SAFETY: the caller's address (C contract).
+    let group = unsafe { sockaddr_from_c(addr)? }.ok_or_else(|| CError::inval("rdma_join_multicast: no address"))?;
+    let send_only = match flags {
+        RDMA_MC_JOIN_FLAG_FULLMEMBER => false,
+        RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER => true,
+        f => return Err(CError::inval(format!("rdma_join_multicast_ex: unknown join flags {f}"))),
+    };
+    let mgid = match softrdma_cm::addr::canonical(group.ip()) {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(v6) => v6.octets(),
+    };
+    with_id(p, |s| {
+        lock(&s.mc_contexts).push((mgid, context as usize));
+        let r = s.id.join_multicast(group, send_only);
+        if r.is_err() {
+            let mut m = lock(&s.mc_contexts);
+            if let Some(i) = m.iter().rposition(|(g, _)| *g == mgid) {
+                m.remove(i);
+            }
+        }
+        Ok(r?)
+    })?;
+    Ok(0)
+}
+
+fn join_multicast_ex(p: *mut rdma_cm_id, attr: *mut rdma_cm_join_mc_attr_ex, context: *mut c_void) -> CResult<c_int> {
+    non_null(attr, "mc_join_attr")?;
+    // SAFETY: non-NULL; the caller's struct rdma_cm_join_mc_attr_ex.
+    let a = unsafe { attr.read() };
+    if a.comp_mask & !(RDMA_CM_JOIN_MC_ATTR_RESERVED - 1) != 0 {
+        return Err(CError::unsupported(format!(
+            "rdma_join_multicast_ex: comp_mask {:#x} has unknown bits",
+            a.comp_mask
+        )));
+    }
+    if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0 {
+        return Err(CError::inval(
+            "rdma_join_multicast_ex: RDMA_CM_JOIN_MC_ATTR_ADDRESS is required",
+        ));
+    }
+    if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0 {
+        return Err(CError::inval(
+            "rdma_join_multicast_ex: RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS is required",
+        ));
+    }
+    join_multicast(p, a.addr, a.join_flags, context)
+}
+
+fn leave_multicast(p: *mut rdma_cm_id, addr: *mut sockaddr) -> CResult<c_int> {
+    // SAFETY: the caller's address (C contract).
+    let group = unsafe { sockaddr_from_c(addr)? }.ok_or_else(|| CError::inval("rdma_leave_multicast: no address"))?;
+    with_id(p, |s| {
+        s.id.leave_multicast(group)?;
+        let mgid = match softrdma_cm::addr::canonical(group.ip()) {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(v6) => v6.octets(),
+        };
+        let mut m = lock(&s.mc_contexts);
+        if let Some(i) = m.iter().position(|(g, _)| *g == mgid) {
+            m.remove(i);
+        }
+        Ok(())
+    })?;
+    Ok(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -783,10 +900,26 @@ fn create_qp_ex(p: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> CResult<c
     non_null(attr, "qp_init_attr_ex")?;
     // SAFETY: non-NULL; the caller's in/out struct ibv_qp_init_attr_ex.
     let ex = unsafe { &mut *attr };
-    if ex.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 {
+    if ex.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS) != 0 {
         return Err(CError::unsupported(format!(
-            "rdma_create_qp_ex: comp_mask {:#x} (only IBV_QP_INIT_ATTR_PD is supported)",
+            "rdma_create_qp_ex: comp_mask {:#x} (IBV_QP_INIT_ATTR_PD and IBV_QP_INIT_ATTR_CREATE_FLAGS are supported)",
             ex.comp_mask
+        )));
+    }
+    let flags = if ex.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 {
+        ex.create_flags
+    } else {
+        0
+    };
+    if flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB != 0 {
+        return Err(CError::unsupported(
+            "rdma_create_qp_ex: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: soft-RoCE delivers a multicast send to every \
+             attached QP of the host, the sender's included (mckey -l cannot be honoured)",
+        ));
+    }
+    if flags != 0 {
+        return Err(CError::unsupported(format!(
+            "rdma_create_qp_ex: create_flags {flags:#x} are not supported"
         )));
     }
     let pd = if ex.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
@@ -821,6 +954,7 @@ fn destroy_qp(p: *mut rdma_cm_id) -> CResult<()> {
     if !qp.is_null() {
         // SAFETY: id->qp is a QP of this library (C contract).
         let soft_qp = unsafe { SoftQp::from_c(qp)? };
+        crate::objects::drain_ud_sends(&soft_qp.qp);
         match soft.id.qp() {
             // The CM holds the QP it created: it destroys it (and forgets it).
             Some(q) if q.qpn() == soft_qp.qp.qpn() => soft.id.destroy_qp()?,
@@ -880,10 +1014,13 @@ fn new_child(child: &CmId, listener: &CmId) -> CResult<Option<(*mut rdma_cm_id, 
 
 fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) -> CResult<c_int> {
     // SAFETY: `channel` is one of this library's (C contract).
-    let ch = unsafe { SoftEventChannel::from_c(channel)? };
+    // A clone: the application may destroy the channel while this call blocks (rping's
+    // cm_thread waits here when main calls rdma_destroy_event_channel); the wait must only
+    // touch what it owns (AddressSanitizer: heap-use-after-free, scripts/asan.sh tools).
+    let ch = unsafe { SoftEventChannel::from_c(channel)? }.ch.clone();
     non_null(out, "event")?;
     loop {
-        let ev = ch.ch.get_event(None)?;
+        let ev = ch.get_event(None)?;
         let (id, listen) = match (c_id_of(&ev.id), &ev.listen_id) {
             (Some(p), l) => (p, l.as_ref().and_then(c_id_of)),
             (None, Some(l)) if ev.event == EventType::ConnectRequest => match new_child(&ev.id, l)? {
@@ -920,21 +1057,56 @@ fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) 
         };
         c.status = ev.status;
         let private_data = ev.param.private_data.clone();
-        c.param.conn = rdma_conn_param {
-            private_data: if private_data.is_empty() {
-                ptr::null()
-            } else {
-                private_data.as_ptr().cast()
-            },
-            private_data_len: u8::try_from(private_data.len()).unwrap_or(u8::MAX),
-            responder_resources: ev.param.responder_resources,
-            initiator_depth: ev.param.initiator_depth,
-            flow_control: ev.param.flow_control,
-            retry_count: ev.param.retry_count,
-            rnr_retry_count: ev.param.rnr_retry_count,
-            srq: u8::from(ev.param.srq),
-            qp_num: ev.param.qp_num,
-        };
+        let multicast = matches!(ev.event, EventType::MulticastJoin | EventType::MulticastError);
+        if let Some(ud) = ev.ud.filter(|_| !multicast) {
+            c.param.ud = rdma_ud_param {
+                private_data: if private_data.is_empty() {
+                    ptr::null()
+                } else {
+                    private_data.as_ptr().cast()
+                },
+                private_data_len: u8::try_from(private_data.len()).unwrap_or(u8::MAX),
+                ah_attr: ah_to_c(&ud.ah_attr),
+                qp_num: ud.qp_num,
+                qkey: ud.qkey,
+            };
+        } else if multicast {
+            // librdmacm: private_data is the context given to rdma_join_multicast. A group
+            // whose join failed is forgotten.
+            let ud = ev.ud.unwrap_or_default();
+            let context = {
+                let mut m = lock(&soft.mc_contexts);
+                let i = m.iter().rposition(|(g, _)| *g == ud.ah_attr.dgid);
+                let c = i.map_or(0, |i| m[i].1);
+                if let (Some(i), EventType::MulticastError) = (i, ev.event) {
+                    m.remove(i);
+                }
+                c
+            };
+            c.param.ud = rdma_ud_param {
+                private_data: context as *const c_void,
+                private_data_len: 0,
+                ah_attr: ah_to_c(&ud.ah_attr),
+                qp_num: ud.qp_num,
+                qkey: ud.qkey,
+            };
+        } else {
+            c.param.conn = rdma_conn_param {
+                private_data: if private_data.is_empty() {
+                    ptr::null()
+                } else {
+                    private_data.as_ptr().cast()
+                },
+                private_data_len: u8::try_from(private_data.len()).unwrap_or(u8::MAX),
+                responder_resources: ev.param.responder_resources,
+                initiator_depth: ev.param.initiator_depth,
+                flow_control: ev.param.flow_control,
+                retry_count: ev.param.retry_count,
+                rnr_retry_count: ev.param.rnr_retry_count,
+                srq: u8::from(ev.param.srq),
+                qp_num: ev.param.qp_num,
+            };
+        }
         let ev = if ev.event == EventType::ConnectRequest {
             ev.ack();
             None
@@ -1133,7 +1305,8 @@ c_fn! {
     }
 
     /// `int rdma_create_qp_ex(struct rdma_cm_id *, struct ibv_qp_init_attr_ex *)`: the
-    /// attributes of `rdma_create_qp` (comp_mask IBV_QP_INIT_ATTR_PD at most).
+    /// attributes of `rdma_create_qp`, with comp_mask IBV_QP_INIT_ATTR_PD and
+    /// IBV_QP_INIT_ATTR_CREATE_FLAGS (create_flags 0; others are EOPNOTSUPP).
     #[symver = "RDMACM_1.0"]
     fn rdma_create_qp_ex(id: *mut rdma_cm_id, qp_init_attr: *mut ibv_qp_init_attr_ex) -> c_int {
         ret_neg1(create_qp_ex(id, qp_init_attr))
@@ -1152,9 +1325,9 @@ c_fn! {
         ret_neg1(connect(id, conn_param))
     }
 
-    /// `int rdma_establish(struct rdma_cm_id *)`: EINVAL. It completes a connection of an id
-    /// without a QP after CONNECT_RESPONSE; iWARP connections need the QP on the id, so that
-    /// event never occurs.
+    /// `int rdma_establish(struct rdma_cm_id *)`: completes a connection of an id without a QP
+    /// after CONNECT_RESPONSE (RoCE: sends the RTU once the application moved its QP to RTS;
+    /// iWARP: the QP named by conn_param.qp_num is already connected).
     #[symver = "RDMACM_1.2"]
     fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
         ret_neg1(establish(id))
@@ -1225,10 +1398,38 @@ c_fn! {
         ret_neg1(migrate_id(id, channel))
     }
 
-    /// `int rdma_init_qp_attr(struct rdma_cm_id *, struct ibv_qp_attr *, int *qp_attr_mask)`.
+    /// `int rdma_init_qp_attr(struct rdma_cm_id *, struct ibv_qp_attr *, int *qp_attr_mask)`:
+    /// the attributes of `qp_attr->qp_state` (INIT, RTR or RTS) for the id's connection.
     #[symver = "RDMACM_1.2"]
     fn rdma_init_qp_attr(id: *mut rdma_cm_id, qp_attr: *mut ibv_qp_attr, qp_attr_mask: *mut c_int) -> c_int {
         ret_neg1(init_qp_attr(id, qp_attr, qp_attr_mask))
+    }
+
+    /// `int rdma_join_multicast(struct rdma_cm_id *, struct sockaddr *addr, void *context)`:
+    /// joins an IPv4 group as a full member (RoCE UD ids; iWARP: EOPNOTSUPP); MULTICAST_JOIN
+    /// follows at once with the group's address vector, QPN 0xFFFFFF and RDMA_UDP_QKEY.
+    #[symver = "RDMACM_1.0"]
+    fn rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int {
+        ret_neg1(join_multicast(id, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context))
+    }
+
+    /// `int rdma_join_multicast_ex(struct rdma_cm_id *, struct rdma_cm_join_mc_attr_ex *,
+    /// void *context)`: comp_mask ADDRESS and JOIN_FLAGS are required; a send-only full member
+    /// does not attach the id's QP.
+    #[symver = "RDMACM_1.1"]
+    fn rdma_join_multicast_ex(
+        id: *mut rdma_cm_id,
+        mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
+        context: *mut c_void,
+    ) -> c_int {
+        ret_neg1(join_multicast_ex(id, mc_join_attr, context))
+    }
+
+    /// `int rdma_leave_multicast(struct rdma_cm_id *, struct sockaddr *)`: detaches the QP;
+    /// EADDRNOTAVAIL for a group the id did not join.
+    #[symver = "RDMACM_1.0"]
+    fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+        ret_neg1(leave_multicast(id, addr))
     }
 
     /// `int rdma_create_ep(struct rdma_cm_id **, struct rdma_addrinfo *, struct ibv_pd *,

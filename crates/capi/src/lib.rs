@@ -21,7 +21,7 @@
 //!   `rdma_create_ep`/`rdma_get_request`, `rdma_getaddrinfo`, `rpoll`).
 //! - `vendor_dv`: `mlx5dv_*` / `efadv_*`, which fail with EOPNOTSUPP as the real providers do
 //!   for a device that is not theirs.
-//! - `unimplemented_abi`: every other imported symbol (CM multicast, rsockets), failing with
+//! - `unimplemented_abi`: every other imported symbol (rsockets), failing with
 //!   ENOSYS until a later slice implements it.
 //!
 //! Every exported function is declared with [`c_fn!`], which wraps its body in

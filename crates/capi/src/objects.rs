@@ -575,9 +575,27 @@ pub(crate) unsafe fn free_qp(p: *mut ibv_qp) {
     drop(unsafe { SoftQp::from_c_owned(p) });
 }
 
+/// Longest wait of [`drain_ud_sends`].
+const UD_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Before a UD QP is destroyed: waits (at most [`UD_DRAIN_LIMIT`]) until the engine has sent
+/// the WRs already posted. Linux rxe sends a user QP's WRs inside `ibv_post_send`, so a sender
+/// that posts unsignaled datagrams and destroys its QP at once (mckey) still gets them out;
+/// the soft-RoCE engine sends from its progress thread, and destroying discards what is queued.
+pub(crate) fn drain_ud_sends(qp: &Qp) {
+    if qp.inner().qp_type != QpType::Ud {
+        return;
+    }
+    let deadline = std::time::Instant::now() + UD_DRAIN_LIMIT;
+    while qp.state() == QpState::Rts && qp.inner().sends_outstanding() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 fn destroy_qp(p: *mut ibv_qp) -> CResult<()> {
     // SAFETY: `p` is a QP of this library (C contract).
     let qp = unsafe { SoftQp::from_c(p)? };
+    drain_ud_sends(&qp.qp);
     qp.qp.clone().destroy()?;
     // SAFETY: C gives the pointer up with this call.
     unsafe { free_qp(p) };
@@ -692,23 +710,18 @@ fn modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> CResult<()>
     Ok(r?)
 }
 
-fn query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, init_attr: *mut ibv_qp_init_attr) -> CResult<()> {
-    // SAFETY: `p` is a QP of this library (C contract).
-    let qp = unsafe { SoftQp::from_c(p)? };
-    non_null(attr, "qp_attr")?;
-    non_null(init_attr, "qp_init_attr")?;
-    let (state, a, cap) = qp.qp.query();
-    qp.sync_state();
+/// The C `struct ibv_qp_attr` of verbs attributes (states from `qp_state` /
+/// `cur_qp_state`, RESET when unset; no capabilities).
+pub(crate) fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
     let mut c = ibv_qp_attr::zeroed();
-    c.qp_state = state as u32;
-    c.cur_qp_state = state as u32;
+    c.qp_state = a.qp_state.map_or(0, |s| s as u32);
+    c.cur_qp_state = a.cur_qp_state.map_or(0, |s| s as u32);
     c.path_mtu = u32::from(a.path_mtu);
     c.qkey = a.qkey;
     c.rq_psn = a.rq_psn;
     c.sq_psn = a.sq_psn;
     c.dest_qp_num = a.dest_qp_num;
     c.qp_access_flags = a.qp_access_flags.0;
-    c.cap = cap_to_c(&cap);
     c.ah_attr = ah_to_c(&a.ah_attr);
     c.pkey_index = a.pkey_index;
     c.max_rd_atomic = a.max_rd_atomic;
@@ -718,6 +731,20 @@ fn query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, init_attr: *mut ibv_qp_init_
     c.timeout = a.timeout;
     c.retry_cnt = a.retry_cnt;
     c.rnr_retry = a.rnr_retry;
+    c
+}
+
+fn query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, init_attr: *mut ibv_qp_init_attr) -> CResult<()> {
+    // SAFETY: `p` is a QP of this library (C contract).
+    let qp = unsafe { SoftQp::from_c(p)? };
+    non_null(attr, "qp_attr")?;
+    non_null(init_attr, "qp_init_attr")?;
+    let (state, a, cap) = qp.qp.query();
+    qp.sync_state();
+    let mut c = qp_attr_to_c(&a);
+    c.qp_state = state as u32;
+    c.cur_qp_state = state as u32;
+    c.cap = cap_to_c(&cap);
     let (qp_context, send_cq, recv_cq, srq, qp_type) = qp.fixed_fields();
     let init = ibv_qp_init_attr {
         qp_context,

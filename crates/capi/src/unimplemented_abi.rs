@@ -3,37 +3,14 @@
 //! The binaries are linked BIND_NOW, so each of these must exist for them to load at all.
 //! Each has its real C signature and fails with the C convention of the real function and
 //! `errno = ENOSYS`, printing `softrdma: NAME is not implemented yet (ENOSYS)` once per process
-//! (see [`not_implemented_here`]). Nothing here pretends to succeed. What is left:
-//! - CM multicast (`rdma_join_multicast_ex`, `rdma_leave_multicast`);
-//! - rsockets (`r*`; `rpoll` is implemented in `cm.rs` for ordinary fds).
+//! (see [`not_implemented_here`]). Nothing here pretends to succeed. What is left: rsockets
+//! (`r*`; `rpoll` is implemented in `cm.rs` for ordinary fds).
 
 use std::ffi::{c_int, c_long, c_void};
 
 use libc::{off_t, sockaddr, socklen_t};
 
-use crate::abi::{rdma_cm_id, rdma_cm_join_mc_attr_ex};
 use crate::error::{not_implemented_here, ret_neg1, ret_or};
-
-// ---- librdmacm: multicast ----
-
-c_fn! {
-    /// `int rdma_join_multicast_ex(struct rdma_cm_id *, struct rdma_cm_join_mc_attr_ex *,
-    /// void *context)`.
-    #[symver = "RDMACM_1.1"]
-    fn rdma_join_multicast_ex(
-        _id: *mut rdma_cm_id,
-        _mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
-        _context: *mut c_void,
-    ) -> c_int {
-        ret_neg1(Err(not_implemented_here()))
-    }
-
-    /// `int rdma_leave_multicast(struct rdma_cm_id *, struct sockaddr *)`.
-    #[symver = "RDMACM_1.0"]
-    fn rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-        ret_neg1(Err(not_implemented_here()))
-    }
-}
 
 // ---- librdmacm: rsockets ----
 

@@ -40,6 +40,10 @@ pub(crate) struct IdState {
     pub(crate) ib: Option<ib::IbHandle>,
     /// The IB CM listen of a listener that covers RoCE devices.
     pub(crate) ib_listen: Option<ib::ListenGuard>,
+    /// Multicast groups joined (RoCE UD ids).
+    pub(crate) mcast: Vec<ib::mcast::Joined>,
+    /// An active RoCE id's connect, for a retry when this host had no listener yet.
+    pub(crate) connect_retry: Option<ib::active::ConnectRetry>,
 }
 
 /// Shared state of an id.
@@ -271,6 +275,8 @@ impl CmId {
                     req_param: None,
                     ib: None,
                     ib_listen: None,
+                    mcast: Vec::new(),
+                    connect_retry: None,
                 }),
                 acked: Condvar::new(),
             }),
@@ -421,8 +427,12 @@ impl CmId {
             );
         }
         let devs = self.devices_for(&st, "rdma_bind_addr")?;
-        let ifaces = device::list_interfaces()?;
-        let dev = addr::bind_device(&devs, &ifaces, addr)?;
+        // The interface list (a netlink dump) only tells the errors apart (an address of this
+        // host no device serves, or none of this host's): skip it when a device owns the address.
+        let dev = match addr::bind_device(&devs, &[], addr) {
+            Ok(d) => d,
+            Err(_) => addr::bind_device(&devs, &device::list_interfaces()?, addr)?,
+        };
         let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
         // The port spaces: TCP and IB ids hold a TCP port, UDP ids a UDP port.
         let sock = if self.inner.ps == PortSpace::Udp {
@@ -1015,7 +1025,7 @@ impl CmId {
     /// (for a listener: its undelivered requests, which are rejected), and waits until every
     /// event already taken from the channel is acknowledged.
     pub fn destroy(self) -> Result<()> {
-        let (ch, listener, request, conn, qp, ib_conn, ib_listen) = {
+        let (ch, listener, request, conn, qp, ib_conn, ib_listen, mcast) = {
             let mut st = self.lock();
             st.state = CmState::Destroying;
             (
@@ -1026,8 +1036,12 @@ impl CmId {
                 st.qp.take(),
                 st.ib.take(),
                 st.ib_listen.take(),
+                std::mem::take(&mut st.mcast),
             )
         };
+        for j in mcast {
+            j.leave();
+        }
         drop(listener);
         drop(ib_listen);
         drop(request);

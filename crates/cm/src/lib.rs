@@ -12,7 +12,9 @@
 //! 28 `reject`), DREQ/DREP then TIMEWAIT_EXIT, and SIDR for [`PortSpace::Udp`] (ESTABLISHED
 //! carries [`CmEvent::ud`]). The CM moves the id's QP through INIT/RTR/RTS itself; an id
 //! without a QP gets CONNECT_RESPONSE and finishes with [`CmId::establish`]. A listener hears
-//! both transports when devices of both serve its address.
+//! both transports when devices of both serve its address. UD ids join IPv4 multicast groups
+//! with [`CmId::join_multicast`] (no SA: MULTICAST_JOIN comes at once, as the kernel does on
+//! RoCE).
 
 pub mod addr;
 mod devices;
@@ -41,6 +43,18 @@ pub mod roce_limits {
         REJ_USER_LEN as REJECT, REP_USER_LEN as ACCEPT, REQ_USER_LEN as CONNECT, SIDR_REP_USER_LEN as UD_ACCEPT,
         SIDR_REQ_USER_LEN as UD_CONNECT,
     };
+}
+
+/// The QPN multicast sends go to (`param.ud.qp_num` of MULTICAST_JOIN, 0xFFFFFF).
+pub use ib::mcast::MULTICAST_QPN;
+/// Waits (at most `limit`) until the IB CM MADs this process sent so far have left it; true
+/// once they have (or when the process never used the RoCE CM). The soft-RoCE driver hands
+/// MADs for this host to its progress thread, so a DREQ or DREP sent just before the process
+/// exits (`rdma_destroy_id` of a connected id, `rdma_disconnect` after DISCONNECTED) would be
+/// lost with it and the peer would wait for its DREQ retries: call this before exiting (the
+/// drop-in library does, from its destructor).
+pub fn flush_mads(limit: std::time::Duration) -> bool {
+    ib::agent::Agent::existing().is_none_or(|a| a.flush(limit))
 }
 
 /// Q_Key of RDMA_PS_UDP ids (`RDMA_UDP_QKEY`, 0x01234567): SIDR_REP carries it.

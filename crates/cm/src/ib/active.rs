@@ -12,7 +12,7 @@ use super::timing::Timing;
 use super::{is_ud, wire_ps};
 use crate::addr;
 use crate::event::EventType;
-use crate::id::{resources, CmId, IdState};
+use crate::id::{resources, CmId, IdInner, IdState};
 use crate::param::ConnParam;
 use crate::state::CmState;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -22,7 +22,7 @@ use softrdma_wire::ibcm::{
 };
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// P_Key of every CM message (the default partition).
 const PKEY: u16 = 0xffff;
@@ -81,9 +81,101 @@ fn reserve_port(st: &mut IdState, src: Ipv4Addr, udp: bool) -> Result<u16> {
     Ok(port)
 }
 
+/// How long a REQ that this host's CM answered with REJ reason 8 (nothing listens) is sent
+/// again before REJECTED is reported; see [`retry_unclaimed`].
+const LOCAL_REJ8_BUDGET: Duration = Duration::from_millis(250);
+
+/// An active id's connect, kept for [`retry_unclaimed`].
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectRetry {
+    param: ConnParam,
+    first: Instant,
+    tries: u32,
+}
+
 /// `rdma_connect` on a RoCE id: REQ (RC) or SIDR_REQ (UD). ESTABLISHED (CONNECT_RESPONSE
 /// without a QP), REJECTED (status: REJ reason), UNREACHABLE (-ETIMEDOUT, or a SIDR status).
 pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
+    id.lock().connect_retry = Some(ConnectRetry {
+        param: param.clone(),
+        first: Instant::now(),
+        tries: 0,
+    });
+    let ud = start(id, param)?;
+    if ud {
+        id.wait_sync(&[EventType::Established])
+    } else {
+        id.wait_sync(&[EventType::Established, EventType::ConnectResponse])
+    }
+}
+
+/// An RC REQ to this host found no listener (REJ reason 8, answered by this host's CM at once):
+/// instead of REJECTED, the connect starts again after 2, 4, 8, ... ms, for at most
+/// [`LOCAL_REJ8_BUDGET`]. The kernel reports REJECTED at once, but its active side takes far
+/// longer from `rdma_resolve_addr` to the REQ than this CM does, so applications that re-listen
+/// just before their peer connects (perftest `-R` destroys its first listener, exchanges data
+/// and listens again while the client resolves and connects) find the listener in time there;
+/// over this CM they would race it. Returns true when a retry is scheduled.
+pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
+    let active = matches!(&ls.kind, Kind::Rc(c) if c.is_active());
+    let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], IpAddr::V4(ls.remote)));
+    if !active || !local {
+        return false;
+    }
+    let old = {
+        let mut st = id.lock();
+        let same_link = st.ib.as_ref().map(|h| h.link.local_id);
+        let connecting = st.state == CmState::Connect && !st.disconnected;
+        let Some(r) = st.connect_retry.as_mut() else {
+            return false;
+        };
+        if !connecting || r.first.elapsed() >= LOCAL_REJ8_BUDGET {
+            return false;
+        }
+        let delay = Duration::from_millis(2u64 << r.tries.min(7));
+        r.tries += 1;
+        (same_link, delay)
+    };
+    let (Some(link_id), delay) = old else { return false };
+    let w = Arc::downgrade(id);
+    tracing::debug!(peer = %ls.peer, ?delay, "IB CM: nothing listens on this host yet, REQ again");
+    std::thread::Builder::new()
+        .name("softrdma-cm-retry".into())
+        .spawn(move || {
+            std::thread::sleep(delay);
+            if let Some(id) = w.upgrade() {
+                restart(&CmId::from_inner(id), link_id);
+            }
+        })
+        .is_ok()
+}
+
+/// The retry of [`retry_unclaimed`]: a new REQ (new communication ID and PSN) on the same id,
+/// unless the id moved on meanwhile.
+fn restart(id: &CmId, old_link: u32) {
+    let (param, old) = {
+        let mut st = id.lock();
+        let same = st.ib.as_ref().is_some_and(|h| h.link.local_id == old_link);
+        let Some(r) = st.connect_retry.clone() else { return };
+        if !same || st.state != CmState::Connect || st.disconnected {
+            return;
+        }
+        st.state = CmState::RouteResolved;
+        (r.param, st.ib.take())
+    };
+    drop(old);
+    if let Err(e) = start(id, &param) {
+        let qp = id.lock().qp.clone();
+        if let Some(q) = qp {
+            qp_setup::to_error(&q);
+        }
+        let why = format!("connect again after REJ reason 8: {e}");
+        id.inner().post(EventType::Rejected, 8, ConnParam::default(), why, None);
+    }
+}
+
+/// Sends the REQ or SIDR_REQ of `rdma_connect`; true for a UD id.
+fn start(id: &CmId, param: &ConnParam) -> Result<bool> {
     let agent = Agent::get()?;
     let ps = id.port_space();
     let now = Instant::now();
@@ -226,11 +318,7 @@ pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
     };
     agent.insert(&link, None);
     link.step(&agent, |_, _| (acts, ()));
-    if ud {
-        id.wait_sync(&[EventType::Established])
-    } else {
-        id.wait_sync(&[EventType::Established, EventType::ConnectResponse])
-    }
+    Ok(ud)
 }
 
 /// `rdma_establish` (or `rdma_accept` on the active side) after CONNECT_RESPONSE: moves the

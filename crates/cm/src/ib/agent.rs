@@ -17,6 +17,7 @@ use softrdma_wire::ibcm::{CmMad, CmMessage, Drep, Rej, RejReason, CM_MSG_REP, MA
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,15 @@ pub(crate) struct Agent {
     tables: Mutex<Tables>,
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// The port in this process's communication IDs.
+    port: u16,
+    /// The process that started the agent (a forked child has no progress thread to flush).
+    pid: u32,
+    /// Flush barriers ([`Agent::flush`]): the last token issued, and the highest one that came
+    /// back through the driver.
+    barrier_next: AtomicU32,
+    barrier_seen: Mutex<u32>,
+    barrier_cv: Condvar,
 }
 
 /// What the driver calls.
@@ -73,7 +83,25 @@ impl MadHandler for Handler {
         let Ok(bytes) = <[u8; MAD_LEN]>::try_from(mad.get(..MAD_LEN).unwrap_or(&[])) else {
             return;
         };
+        if let Some(token) = barrier_token(peer, &bytes) {
+            let mut seen = lock(&a.barrier_seen);
+            *seen = (*seen).max(token);
+            a.barrier_cv.notify_all();
+            return;
+        }
         a.push(Work::Mad(peer, Box::new(bytes)));
+    }
+}
+
+/// The token of a flush barrier: a DREP from this host to a communication ID whose counter
+/// half is 0 (never allocated, see [`IdAlloc`]), carrying the token as its local ID.
+fn barrier_token(peer: GsiPeer, mad: &[u8; MAD_LEN]) -> Option<u32> {
+    if !peer.remote.is_loopback() {
+        return None;
+    }
+    match CmMad::parse(mad).ok()?.msg {
+        CmMessage::Drep(d) if d.remote_comm_id >> 16 == 0 => Some(d.local_comm_id),
+        _ => None,
     }
 }
 
@@ -101,6 +129,11 @@ impl Agent {
             tables: Mutex::new(Tables::default()),
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            port,
+            pid: std::process::id(),
+            barrier_next: AtomicU32::new(0),
+            barrier_seen: Mutex::new(0),
+            barrier_cv: Condvar::new(),
         });
         mad_io::set_handler(Arc::new(Handler(Arc::downgrade(&agent))))?;
         let w = agent.clone();
@@ -109,6 +142,39 @@ impl Agent {
             .spawn(move || w.run())
             .map_err(|e| Error::os("IB CM: worker thread", &e))?;
         Ok(agent)
+    }
+
+    /// Waits (at most `limit`) until every MAD this process sent before the call has left it:
+    /// the soft-RoCE driver hands MADs for this host to its progress thread, in order, so a
+    /// barrier MAD sent to ourselves comes back only after them. True once it came back.
+    pub(crate) fn flush(&self, limit: Duration) -> bool {
+        if std::process::id() != self.pid {
+            return true;
+        }
+        let token = self.barrier_next.fetch_add(1, Ordering::Relaxed).wrapping_add(1).max(1);
+        let m = CmMad {
+            tid: u64::from(token),
+            msg: CmMessage::Drep(Drep {
+                local_comm_id: token,
+                remote_comm_id: u32::from(self.port),
+                ..Drep::default()
+            }),
+        };
+        mad_io::send(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, &m);
+        let deadline = Instant::now() + limit;
+        let mut seen = lock(&self.barrier_seen);
+        while *seen < token {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            seen = self
+                .barrier_cv
+                .wait_timeout(seen, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
     }
 
     pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {

@@ -156,14 +156,15 @@ fn admit(agent: &Agent, peer: GsiPeer, sid: u64, field: &[u8]) -> std::result::R
         }
     }
     let devs = crate::devices::cached().map_err(|e| Refusal::Refused(e.msg))?;
-    let ifaces = device::list_interfaces().map_err(|e| Refusal::Refused(e.msg))?;
-    let peer_local = addr::is_local(&devs, &ifaces, IpAddr::V4(peer.remote));
-    if let Err(why) = addr::admit(
-        bound,
-        IpAddr::V4(dst),
-        hdr.src,
-        peer_local && addr::is_local(&devs, &ifaces, hdr.src),
-    ) {
+    // Loopback and device addresses are local without the interface list (a netlink dump).
+    let known_local = |ip: IpAddr| addr::is_local(&devs, &[], ip);
+    let peer_local = if known_local(IpAddr::V4(peer.remote)) && known_local(hdr.src) {
+        true
+    } else {
+        let ifaces = device::list_interfaces().map_err(|e| Refusal::Refused(e.msg))?;
+        addr::is_local(&devs, &ifaces, IpAddr::V4(peer.remote)) && addr::is_local(&devs, &ifaces, hdr.src)
+    };
+    if let Err(why) = addr::admit(bound, IpAddr::V4(dst), hdr.src, peer_local) {
         tracing::warn!(from = %peer.remote, %dst, port, %why, "connection request rejected");
         return Err(Refusal::Refused(why));
     }
@@ -263,13 +264,16 @@ pub(crate) fn on_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Req) {
         remote_qpn: req.local_qpn,
         remote_psn: req.starting_psn,
         local_psn: random_psn(),
+        // The REQ's values, mirrored (as the kernel's CM keeps them), so rdma_init_qp_attr
+        // before rdma_accept has them; rdma_accept sets its own.
+        responder_resources: i32::from(req.initiator_depth).min(a.dev.attr().max_qp_rd_atom.max(1)) as u8,
+        initiator_depth: i32::from(req.responder_resources).min(a.dev.attr().max_qp_init_rd_atom.max(1)) as u8,
         retry_count: req.retry_count,
         rnr_retry: req.rnr_retry_count,
         ack_timeout: ack_timeout.unwrap_or(match req.primary_path.local_ack_timeout {
             0 => DEFAULT_ACK_TIMEOUT,
             t => t,
         }),
-        ..RcPath::default()
     };
     let key = (peer.remote, req.local_comm_id, false);
     let link = Link::new(

@@ -9,6 +9,7 @@
 //!   (accept, reject), [`close`] (disconnect, destroy): the rdma_cm calls on RoCE ids.
 //! - [`privdata`]: private-data limits and the CMA header; [`qp_setup`]: the QP attributes
 //!   the CM applies; [`ids`]: communication IDs, TIDs, PSNs; [`mad_io`]: the driver.
+//! - [`mcast`]: `rdma_join_multicast` / `rdma_leave_multicast` (no SA: joins complete at once).
 
 pub(crate) mod active;
 pub(crate) mod agent;
@@ -18,6 +19,7 @@ pub(crate) mod ids;
 pub(crate) mod link;
 pub(crate) mod listen;
 pub(crate) mod mad_io;
+pub(crate) mod mcast;
 pub(crate) mod passive;
 pub(crate) mod privdata;
 pub(crate) mod qp_setup;
