@@ -6,7 +6,9 @@ use super::forward::{self, Origin};
 use crate::gsi::{GsiPeer, MadHandler};
 use softrdma_verbs::{Errno, Error, Result};
 use softrdma_wire::ibcm::{CmAttr, CmMad, CmMessage, Rej, RejReason, SidrRep, SidrStatus, CM_MSG_REQ, MAD_LEN};
-use softrdma_wire::roce::{icrc, icrc_bytes, Bth, Deth, IcrcIp, RoceHeaders, RoceOpcode, RocePacket, GSI_QKEY};
+use softrdma_wire::roce::{
+    icrc, icrc_bytes, Bth, Deth, IcrcIp, RoceHeaders, RoceOpcode, RocePacket, GSI_QKEY, ICRC_LEN,
+};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
@@ -238,7 +240,21 @@ impl Endpoint {
                 dst_ip: IpAddr::V4(remote),
                 dst_port: port,
             };
-            self.loop_back(buf, origin);
+            let for_us = match route(mad) {
+                Route::Service(sid) => self.claims_service(sid),
+                Route::CommId(id) => self.owns_home_port((id & 0xffff) as u16),
+                Route::Drop => true,
+            };
+            if for_us {
+                // Our own CM: its handler runs on the progress thread, never inside a caller
+                // that may hold the CM's locks.
+                self.loop_back(buf, origin);
+            } else {
+                // Another process: hand it over now (non-blocking sends only), so a process
+                // that exits right after, say, its DREQ still delivers it.
+                let transport = &buf[..buf.len() - ICRC_LEN];
+                self.on_gsi(transport, &origin, &buf, false);
+            }
         } else {
             self.transmit(&home, local, remote, &buf);
         }

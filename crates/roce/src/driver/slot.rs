@@ -344,6 +344,13 @@ impl QpTransport for RoceQp {
         }
         let groups: Vec<(Ipv4Addr, Ipv4Addr)> = lock(&self.slot.groups).drain(..).collect();
         if let Ok(ep) = self.endpoint() {
+            // UD sends posted before the destroy go out now: a NIC (and Linux rxe) has sent
+            // them by the time ibv_post_send returns, and mckey-style senders exit right after.
+            let mut guard = lock(&self.slot.engine);
+            if matches!(guard.as_ref(), Some(Engine::Ud { .. })) {
+                self.slot.flush(&ep, guard.as_mut(), Instant::now());
+            }
+            drop(guard);
             for (g, local) in groups {
                 let _ = ep.leave(self.slot.qpn, g, local);
             }
