@@ -225,3 +225,47 @@ pub fn wait_listening(server: &mut Proc, port: u16) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+impl Proc {
+    /// True once the process has exited (it is reaped; [`Proc::wait`] still collects it).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+}
+
+/// [`wait_listening`] for a server started in another network namespace (`ip netns exec`):
+/// reads the server's own `/proc/PID/net/tcp{,6}`, once the server runs in a namespace other
+/// than this process's (before that, `ip` has not switched yet).
+pub fn wait_listening_in_ns(server: &mut Proc, port: u16) {
+    let pid = server.child.id();
+    let want = format!(":{port:04X}");
+    let mine = std::fs::read_link("/proc/self/ns/net").ok();
+    let listening = || {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
+        theirs.is_some() && theirs != mine && {
+            ["tcp", "tcp6"].iter().any(|f| {
+                std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .any(|l| {
+                        let cols: Vec<&str> = l.split_whitespace().collect();
+                        cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+                    })
+            })
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening() {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            let r = server.collect(status.code());
+            panic!("{} exited before listening on {port}\n{}", server.desc, r.describe());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} is not listening on {port} (in its namespace) after 10 s",
+            server.desc
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -143,6 +143,13 @@ impl Requester {
             let Some(wqe) = qp.pop_send_if(|w| admit(w, rd_atomic, ord)) else {
                 return Ok(false);
             };
+            if !self.started {
+                // The QP is in RTS (checked above), but the engine may not have synced since it
+                // got there (the state can change between a sync and this call): the first WR
+                // starts with the RTS attributes (sq_psn, ACK timeout, retry counts, ORD),
+                // never with the RTR-time defaults.
+                self.apply_rts_attrs(&qp.attr());
+            }
             self.started = true;
             let op = SendOp::prepare(wqe, qp.pd.id(), self.cfg.mtu, self.tail_psn);
             self.tail_psn = op.end_psn();

@@ -525,3 +525,46 @@ fn engine_created_at_rtr_takes_rts_attributes_on_sync() {
     assert_eq!(a.send_status(), vec![(1, WcStatus::Success)]);
     assert_eq!(sim.log[0].psn, 100);
 }
+
+/// The driver builds the engine at RTR and applies the RTS attributes when its progress
+/// thread next syncs. If that thread checked the state while it was still RTR and only then
+/// transmitted, after the application had moved the QP to RTS and posted (a window a loaded
+/// host hits), the requester must still start with the RTS attributes: RTS's `sq_psn` (else
+/// the peer takes every packet for a duplicate), its ACK timeout and its retry count (else the
+/// first timeout is RETRY_EXC_ERR at once: `ib_send_bw` failed with status 12 and no
+/// completion 83 ms after start).
+#[test]
+fn requester_starting_before_sync_takes_rts_attributes() {
+    let rtr_engine = |n: &super::harness::Node| {
+        let cfg = crate::engine::RcConfig {
+            sq_psn: 0,
+            ack_timeout: None,
+            retry_cnt: 0,
+            ord: 0,
+            ..n.engine.config().clone()
+        };
+        crate::engine::RcEngine::new(n.qp.inner().clone(), cfg)
+    };
+    // Delivered: the PSN is RTS's.
+    let (mut a, mut b) = rc_pair(Opts::default());
+    let mut sim = Sim::new(NetCfg::default(), 12);
+    a.engine = rtr_engine(&a);
+    let dst = b.mr(64, Access::LOCAL_WRITE);
+    b.qp.post_recv_one(1, dst.sge(0, 64)).unwrap();
+    a.qp.post_send_one(SendWr::send(1, vec![])).unwrap();
+    assert!(sim.run(&mut a, &mut b, SEC, |a, _| a.send_wcs().len() == 1));
+    assert_eq!(a.send_status(), vec![(1, WcStatus::Success)]);
+    assert_eq!(sim.log[0].psn, 100);
+
+    // Unanswered: RTS's timeout, retried retry_cnt (7) times, then RETRY_EXC_ERR.
+    let (mut a, mut b) = rc_pair(Opts::default());
+    let mut sim = Sim::new(NetCfg::default(), 13);
+    sim.filter = Some(Box::new(|to_b, _| !to_b));
+    a.engine = rtr_engine(&a);
+    a.qp.post_send_one(SendWr::send(1, vec![])).unwrap();
+    assert!(sim.run(&mut a, &mut b, 10 * SEC, |a, _| !a.send_wcs().is_empty()));
+    assert_eq!(a.send_status(), vec![(1, WcStatus::RetryExcErr)]);
+    assert_eq!(a.engine.stats().timeouts, 8);
+    let t = super::harness::timeout_of(12);
+    assert!(sim.elapsed() >= 8 * t && sim.elapsed() < 9 * t, "{:?}", sim.elapsed());
+}
