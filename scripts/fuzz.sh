@@ -5,7 +5,7 @@
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #
-# Targets: wire_decoders, mpa_handshake, iwarp_rx_stream (all when none is named).
+# Targets: wire_decoders, mpa_handshake, iwarp_rx_stream, roce_rx, cm_mad (all when none is named).
 # Needs cargo-fuzz (`cargo install cargo-fuzz`). cargo-fuzz uses nightly -Z flags; on a stable
 # toolchain this script sets RUSTC_BOOTSTRAP=1. Everything runs under `nice -n 19` with one
 # libFuzzer job (-jobs=1 -workers=1), so it can share a machine with a build.
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/../fuzz"
 duration=${1:-30}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wire_decoders mpa_handshake iwarp_rx_stream)
+[ ${#targets[@]} -gt 0 ] || targets=(wire_decoders mpa_handshake iwarp_rx_stream roce_rx cm_mad)
 case $duration in '' | *[!0-9]*) echo "fuzz.sh: SECONDS must be a number, got '$duration'" >&2; exit 2 ;; esac
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -2,7 +2,11 @@
 //!
 //! The interesting part is [`rx`]: a responder-side [`Engine`] wired to a fixed set of
 //! registered memory regions, fed a hostile TCP byte stream, with the invariants the
-//! `iwarp_rx_stream` target asserts.
+//! `iwarp_rx_stream` target asserts. [`roce`] is the same for a soft-RoCE RC and UD engine
+//! (`roce_rx`), and [`ibcm`] drives the IB CM's connection machines with hostile MADs (`cm_mad`).
+
+pub mod ibcm;
+pub mod roce;
 
 pub mod rx {
     //! The `iwarp_rx_stream` world.

@@ -30,6 +30,8 @@ pub(crate) struct Home {
     used: Mutex<Vec<bool>>,
     cursor: std::sync::atomic::AtomicUsize,
     token: OnceLock<Token>,
+    /// Marks `port` as a softrdma home port, so other processes forward to it (`forward`).
+    _marker: Option<UnixDatagram>,
 }
 
 thread_local! {
@@ -80,6 +82,8 @@ pub(crate) struct Endpoint {
     mcast: Mutex<HashMap<Ipv4Addr, HashSet<u32>>>,
     services: Mutex<HashMap<u64, Claimed>>,
     pub(crate) owners: Mutex<HashMap<u64, (Instant, u16)>>,
+    /// Ports recently found to be softrdma home ports (see [`Endpoint::forward_to_home`]).
+    home_ports: Mutex<HashMap<u16, Instant>>,
     opening: Mutex<()>,
     local_addrs: Mutex<Option<(Instant, HashSet<Ipv4Addr>)>>,
     internal: Mutex<std::collections::VecDeque<(Vec<u8>, Origin)>>,
@@ -151,6 +155,7 @@ impl Endpoint {
             mcast: Mutex::new(HashMap::new()),
             services: Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
+            home_ports: Mutex::new(HashMap::new()),
             opening: Mutex::new(()),
             local_addrs: Mutex::new(None),
             internal: Mutex::new(std::collections::VecDeque::new()),
@@ -222,12 +227,16 @@ impl Endpoint {
             )
         };
         let (sock, port) = net::bind_home_v4().map_err(|e| io_err("cannot open a UDP socket", e))?;
+        let marker = forward::bind_home_marker(port)
+            .map_err(|e| tracing::warn!(port, "soft-RoCE: cannot mark the home port: {e}"))
+            .ok();
         let home = Arc::new(Home {
             port,
             sock,
             used: Mutex::new(vec![false; QPS_PER_PORT + 1]),
             cursor: std::sync::atomic::AtomicUsize::new(0),
             token: OnceLock::new(),
+            _marker: marker,
         });
         let me = self
             .me()
@@ -553,7 +562,10 @@ impl Endpoint {
         if self.owns_home_port(port) {
             self.deliver(dqpn, datagram, &origin);
         } else if !forwarded {
-            self.forward(port, datagram, &origin);
+            // Junk is dropped here, at the first hop, not relayed.
+            if self.verify(datagram, &origin).is_some() {
+                self.forward(port, datagram, &origin);
+            }
         } else {
             tracing::debug!(
                 qpn = dqpn,
@@ -573,8 +585,17 @@ impl Endpoint {
     }
 
     /// Hands `datagram` with its origin to the process whose home socket is `port`, through
-    /// loopback UDP (socket buffers hold bursts; a Unix datagram queue holds only 10).
+    /// loopback UDP (socket buffers hold bursts; a Unix datagram queue holds only 10). False,
+    /// and nothing sent, if `port` is not a softrdma home port: the QPN or communication ID
+    /// came from the network and may name any port.
     pub(crate) fn forward_to_home(&self, port: u16, datagram: &[u8], origin: &Origin) -> bool {
+        if !self.is_home_port(port) {
+            tracing::debug!(
+                port,
+                "soft-RoCE: packet for a port that is no softrdma home port (dropped)"
+            );
+            return false;
+        }
         let Some(home) = self.home(0) else { return false };
         let mut msg = Vec::with_capacity(forward::FORWARD_HDR_LEN + datagram.len());
         forward::encode(origin, &mut msg);
@@ -582,6 +603,27 @@ impl Endpoint {
         home.sock
             .send_to(&msg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
             .is_ok()
+    }
+
+    /// Whether `port` is a softrdma home port (its owner's marker exists). A positive answer
+    /// is trusted for a second; a negative one is never cached, so a new process's port is
+    /// reachable at once.
+    fn is_home_port(&self, port: u16) -> bool {
+        let fresh = |t: &Instant| t.elapsed() < Duration::from_secs(1);
+        if lock(&self.home_ports).get(&port).is_some_and(fresh) {
+            return true;
+        }
+        let marked = forward::is_home_port(port);
+        let mut seen = lock(&self.home_ports);
+        if !marked {
+            seen.remove(&port);
+            return false;
+        }
+        if seen.len() >= 4096 {
+            seen.retain(|_, t| fresh(t));
+        }
+        seen.insert(port, Instant::now());
+        true
     }
 
     fn verify<'a>(&self, datagram: &'a [u8], origin: &Origin) -> Option<&'a [u8]> {

@@ -8,8 +8,16 @@
 //! accepts the header only from a loopback source, which the network cannot forge (Linux
 //! drops loopback-sourced packets arriving on other interfaces). The magic cannot start a
 //! RoCE packet: 0x53 is no BTH opcode.
+//!
+//! A QPN (or a CM communication ID) can name any port, and a hostile peer chooses it. So a
+//! datagram is forwarded only to a port that is a softrdma home port, which its owner marks
+//! with an abstract Unix socket named after it ([`home_marker_name`]); anything else listening
+//! on 127.0.0.1 never gets attacker-chosen bytes relayed to it.
 
+use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
 
 /// Marks a forwarded datagram (and its format version).
 const MAGIC: [u8; 4] = *b"SRF1";
@@ -77,9 +85,41 @@ pub fn decode(msg: &[u8]) -> Option<(Origin, &[u8])> {
     Some((origin, &msg[FORWARD_HDR_LEN..]))
 }
 
+/// The abstract Unix socket name that marks `port` as a softrdma home port.
+pub fn home_marker_name(port: u16) -> String {
+    format!("softrdma-rxe-home-{port}")
+}
+
+/// Binds the marker of home port `port`; the owner holds it as long as the home socket.
+pub fn bind_home_marker(port: u16) -> io::Result<UnixDatagram> {
+    let addr = UnixAddr::from_abstract_name(home_marker_name(port).as_bytes())?;
+    UnixDatagram::bind_addr(&addr)
+}
+
+/// True if some process holds the marker of `port`, i.e. `port` is a softrdma home port.
+pub fn is_home_port(port: u16) -> bool {
+    let Ok(addr) = UnixAddr::from_abstract_name(home_marker_name(port).as_bytes()) else {
+        return false;
+    };
+    UnixDatagram::unbound().and_then(|s| s.connect_addr(&addr)).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn home_ports_are_marked_and_others_are_not() {
+        // A port some other program holds: never a softrdma home port.
+        let other = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = other.local_addr().unwrap().port();
+        assert!(!is_home_port(port));
+        let marker = bind_home_marker(port).unwrap();
+        assert!(is_home_port(port));
+        assert!(bind_home_marker(port).is_err(), "one owner per port");
+        drop(marker);
+        assert!(!is_home_port(port), "the mark goes with its socket");
+    }
 
     #[test]
     fn round_trip_v4_and_v6() {

@@ -14,7 +14,8 @@
 //!    process binds `0.0.0.0:4791` in one reuse group; the kernel hands each datagram to one
 //!    member by a hash of its addresses and ports. A QPN is `index << 16 | home port`, where
 //!    the home port is a UDP port the owning process holds, so a member that receives another
-//!    process's packet forwards it to that port on 127.0.0.1, with the original addresses. One process per host (the cross-host case) never forwards;
+//!    process's packet forwards it to that port on 127.0.0.1, with the original addresses, if an
+//!    abstract socket marks the port as a softrdma home port (a packet may name any port). One process per host (the cross-host case) never forwards;
 //!    on a shared host a flow is either always direct or always one local hop.
 //!
 //! Everything is sent from the home socket, unconnected with `IP_PMTUDISC_DO`, so the kernel
