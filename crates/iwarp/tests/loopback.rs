@@ -144,16 +144,19 @@ fn peer_disconnect_flushes_outstanding_work() {
     ch.disconnect();
     let r = wait(&server.cq, 2);
     assert!(r.iter().all(|w| w.status == WcStatus::WrFlushErr), "{r:?}");
+    // The close that flushes and moves the QP to ERR emits DISCONNECTED just after: wait for both.
+    let disconnected = || {
+        sev.lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, ConnEvent::Disconnected { .. }))
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while server.qp.state() != QpState::Err && std::time::Instant::now() < deadline {
+    while (server.qp.state() != QpState::Err || !disconnected()) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(server.qp.state(), QpState::Err);
-    assert!(sev
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|e| matches!(e, ConnEvent::Disconnected { .. })));
+    assert!(disconnected());
     // Posting after the error completes with a flush.
     server.qp.post_recv_one(3, dst.sge(0, 64)).unwrap();
     assert_eq!(wait(&server.cq, 1)[0].status, WcStatus::WrFlushErr);
