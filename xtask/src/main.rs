@@ -8,6 +8,20 @@
 //! ```sh
 //! LD_LIBRARY_PATH=$(cargo xtask dropin | tail -1) ibv_devinfo -v
 //! ```
+//!
+//! `dropin --asan [--release] [--out DIR]`: the same library built with AddressSanitizer (debug
+//! unless `--release`) on the stable toolchain: `RUSTC_BOOTSTRAP=1`, `RUSTFLAGS` plus
+//! `-Zsanitizer=address -Cforce-frame-pointers=yes`, `--target <host triple>` (so build scripts
+//! and proc macros stay uninstrumented) and its own target directory (`target/asan`, or
+//! `$CARGO_TARGET_DIR/asan`) so the normal build is not invalidated; default output
+//! `target/dropin-asan` (`target/dropin-asan-release`). On Linux rustc does not link the ASan
+//! runtime into a cdylib, so the program that loads it must get one first:
+//!
+//! ```sh
+//! LD_PRELOAD=$(gcc -print-file-name=libasan.so) LD_LIBRARY_PATH=$(cargo xtask dropin --asan | tail -1) ibv_devinfo -v
+//! ```
+//!
+//! `scripts/asan.sh tools` does this for the Debian tools.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -38,8 +52,10 @@ fn main() -> ExitCode {
 }
 
 fn usage() -> &'static str {
-    "usage: cargo xtask dropin [--debug] [--out DIR]\n  \
-     builds the drop-in C library and prints the directory to put in LD_LIBRARY_PATH"
+    "usage: cargo xtask dropin [--debug] [--asan] [--release] [--out DIR]\n  \
+     builds the drop-in C library and prints the directory to put in LD_LIBRARY_PATH\n  \
+     --asan: AddressSanitizer build (debug unless --release); run programs with\n  \
+     LD_PRELOAD=$(gcc -print-file-name=libasan.so)"
 }
 
 fn workspace_root() -> PathBuf {
@@ -50,45 +66,109 @@ fn workspace_root() -> PathBuf {
 }
 
 fn dropin(args: &[String]) -> Result<(), String> {
-    let mut release = true;
+    let mut release: Option<bool> = None;
+    let mut asan = false;
     let mut out: Option<PathBuf> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "--debug" => release = false,
-            "--release" => release = true,
+            "--debug" => release = Some(false),
+            "--release" => release = Some(true),
+            "--asan" => asan = true,
             "--out" => out = Some(it.next().ok_or("--out needs a directory")?.into()),
             other => return Err(format!("unknown option `{other}`\n{}", usage())),
         }
     }
+    // Release by default; an ASan build is debug by default (exact stacks, no inlining).
+    let release = release.unwrap_or(!asan);
 
     let root = workspace_root();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(&root).args(["build", "-p", "softrdma-capi"]);
-    if release {
-        cmd.arg("--release");
-    }
-    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
-    if !status.success() {
-        return Err(format!("cargo build -p softrdma-capi failed ({status})"));
-    }
-
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let target = if target.is_absolute() {
         target
     } else {
         root.join(target)
     };
-    let built = target.join(if release { "release" } else { "debug" }).join(LIB);
+    let profile = if release { "release" } else { "debug" };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root).arg("build");
+    // The ASan build selects `--workspace --lib` (which includes the cdylib) rather than
+    // `-p softrdma-capi`: the package selection of `cargo test --workspace`, hence the same
+    // dependency features, so it reuses scripts/asan.sh's instrumented test build instead of
+    // rebuilding every dependency.
+    cmd.args(if asan {
+        &["--workspace", "--lib"][..]
+    } else {
+        &["-p", "softrdma-capi"][..]
+    });
+    if release {
+        cmd.arg("--release");
+    }
+    let built = if asan {
+        let triple = host_triple()?;
+        let asan_target = target.join("asan");
+        let mut flags = std::env::var("RUSTFLAGS").unwrap_or_default();
+        for f in ASAN_RUSTFLAGS {
+            if !flags.split_whitespace().any(|x| x == f) {
+                if !flags.is_empty() {
+                    flags.push(' ');
+                }
+                flags.push_str(f);
+            }
+        }
+        cmd.args(["--target", &triple])
+            .env("CARGO_TARGET_DIR", &asan_target)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("RUSTFLAGS", &flags)
+            .env_remove("CARGO_ENCODED_RUSTFLAGS");
+        eprintln!(
+            "xtask: RUSTC_BOOTSTRAP=1 RUSTFLAGS=\"{flags}\" CARGO_TARGET_DIR={} cargo build --workspace --lib --target {triple}{}",
+            asan_target.display(),
+            if release { " --release" } else { "" }
+        );
+        asan_target.join(&triple).join(profile).join(LIB)
+    } else {
+        target.join(profile).join(LIB)
+    };
+    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build of softrdma-capi failed ({status})"));
+    }
     if !built.is_file() {
         return Err(format!("{} was not produced by the build", built.display()));
     }
-    let dir = out.unwrap_or_else(|| target.join(if release { "dropin" } else { "dropin-debug" }));
+    let default_dir = match (asan, release) {
+        (false, true) => "dropin",
+        (false, false) => "dropin-debug",
+        (true, false) => "dropin-asan",
+        (true, true) => "dropin-asan-release",
+    };
+    let dir = out.unwrap_or_else(|| target.join(default_dir));
     populate(&built, &dir)?;
     let dir = dir.canonicalize().map_err(|e| format!("{}: {e}", dir.display()))?;
+    if asan {
+        eprintln!("xtask: ASan build: preload the runtime, e.g. LD_PRELOAD=$(gcc -print-file-name=libasan.so)");
+    }
     println!("{}", dir.display());
     Ok(())
+}
+
+/// What `--asan` adds to `RUSTFLAGS` (frame pointers: complete, cheap ASan stack traces).
+const ASAN_RUSTFLAGS: [&str; 2] = ["-Zsanitizer=address", "-Cforce-frame-pointers=yes"];
+
+/// The host triple (`rustc -vV`): the explicit `--target` of an ASan build.
+fn host_triple() -> Result<String, String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("cannot run rustc -vV: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(|h| h.trim().to_owned())
+        .ok_or_else(|| "rustc -vV printed no `host:` line".to_owned())
 }
 
 /// Copies `lib` into `dir` as `libsoftrdma.so` (write to a temporary name, then rename, so a
