@@ -122,3 +122,56 @@ fn listener_survives_two_thousand_attempts_at_once() {
         num(&v, "setup_s")
     );
 }
+
+/// Issue #6 with the RoCE CM: three hosts (network namespaces on a bridge) open 500 RC
+/// connections at once to one listener on a fourth; every one establishes and moves verified data.
+#[test]
+fn five_hundred_roce_connections_from_three_hosts() {
+    let Some(lan) = common::lan::Lan::or_skip_with(4) else {
+        return;
+    };
+    let roce = ["env", "SOFTRDMA_TRANSPORTS=roce"];
+    let mut sargv = lan.exec(0);
+    sargv.extend_from_slice(&roce);
+    sargv.extend_from_slice(&[bin(), "scale", "-b", &lan.addrs[0], "-p", "0"]);
+    let mut server = Logged::spawn(&sargv);
+    let port = server.port(Duration::from_secs(10)).to_string();
+    let counts = ["167", "167", "166"];
+    let mut clients: Vec<Logged> = (1..=3)
+        .map(|i| {
+            let mut argv = lan.exec(i);
+            argv.extend_from_slice(&roce);
+            argv.extend_from_slice(&[
+                bin(),
+                "scale",
+                &lan.addrs[0],
+                "-p",
+                &port,
+                "-c",
+                counts[i - 1],
+                "--json",
+                "--timeout",
+                "60",
+            ]);
+            Logged::spawn(&argv)
+        })
+        .collect();
+    let mut total = 0.0;
+    for (i, c) in clients.iter_mut().enumerate() {
+        let status = c
+            .wait_exit(Duration::from_secs(200))
+            .unwrap_or_else(|| panic!("client on host {} hangs: {}", i + 1, c.output()));
+        let out = c.output();
+        assert!(status.success(), "client on host {} failed: {out}", i + 1);
+        let v = out
+            .lines()
+            .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .unwrap_or_else(|| panic!("no JSON summary: {out}"));
+        let want: f64 = counts[i].parse().unwrap_or(0.0);
+        assert_eq!(num(&v, "established"), want, "{v}");
+        assert_eq!(num(&v, "verified"), want, "{v}");
+        total += num(&v, "established");
+    }
+    assert_eq!(total, 500.0);
+    assert!(server.running(), "the scale server died: {}", server.output());
+}

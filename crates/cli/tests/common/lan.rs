@@ -36,6 +36,11 @@ pub struct Lan {
 impl Lan {
     /// Builds the LAN; `Err` says why (e.g. not root).
     pub fn new() -> Result<Lan, String> {
+        Lan::with_hosts(3)
+    }
+
+    /// Builds the LAN with `n` hosts (198.18.K.1..n).
+    pub fn with_hosts(count: usize) -> Result<Lan, String> {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
@@ -51,7 +56,7 @@ impl Lan {
         sh(&["ip", "netns", "add", &switch])?;
         sh(&["ip", "-n", &switch, "link", "add", "br0", "type", "bridge"])?;
         sh(&["ip", "-n", &switch, "link", "set", "br0", "up"])?;
-        for i in 1..=3 {
+        for i in 1..=count {
             let host = format!("srh{i}{tag}");
             sh(&["ip", "netns", "add", &host])?;
             lan.hosts.push(host.clone());
@@ -73,7 +78,12 @@ impl Lan {
 
     /// Builds the LAN, or explains the skip; under CI a failure fails the test.
     pub fn or_skip() -> Option<Lan> {
-        match Lan::new() {
+        Lan::or_skip_with(3)
+    }
+
+    /// [`Lan::or_skip`] with `n` hosts.
+    pub fn or_skip_with(n: usize) -> Option<Lan> {
+        match Lan::with_hosts(n) {
             Ok(l) => Some(l),
             Err(e) if std::env::var("CI").is_err() => {
                 eprintln!("SKIP: cannot create network namespaces ({e}); run as root");
