@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The loopback demo: the devices, an RDMA CM session on 127.0.0.1 showing every CM event
 # (cmatose), rping (SEND + RDMA READ + RDMA WRITE), then a short bandwidth/latency table
-# (softrdma perf). Server and client are separate processes.
+# (softrdma perf) over soft-iWARP, and the same CM session and a WRITE table over soft-RoCE
+# (rxe_lo). Server and client are separate processes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p softrdma-cli
@@ -38,3 +39,19 @@ for t in send-bw write-bw read-bw send-lat write-lat read-lat; do
   wait "${pids[-1]}"
   rm -f "$log"
 done
+
+echo; echo "== soft-RoCEv2: the same CM session over rxe_lo (IB CM MADs on UDP 4791), SOFTRDMA_TRANSPORTS=roce"
+port=$(free_port)
+SOFTRDMA_TRANSPORTS=roce "$bin" cmatose -b 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  server| /' & pids+=($!)
+sleep 0.3
+SOFTRDMA_TRANSPORTS=roce "$bin" cmatose -s 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  client| /'
+wait "${pids[-1]}"
+
+echo; echo "== softrdma perf write-bw -d rxe_lo (RC over UDP, data verified)"
+log=$(mktemp)
+"$bin" perf write-bw -b 127.0.0.1 -p 0 -d rxe_lo 2>"$log" & pids+=($!)
+for _ in $(seq 100); do grep -q 'listening on' "$log" && break; sleep 0.05; done
+port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$log")
+timeout 120 "$bin" perf write-bw 127.0.0.1 -p "$port" -d rxe_lo -s 64,4096,1048576 -n 300 | grep -v '^#'
+wait "${pids[-1]}"
+rm -f "$log"
