@@ -253,6 +253,58 @@ fn ib_write_bw_server_killed_mid_transfer() {
     assert!(took < Duration::from_secs(3), "took {took:?}\n{}", client.describe());
 }
 
+/// The link goes down for 2 s under a running `ib_write_bw`: RoCE has no connection to ride it
+/// out beyond the QP's retries (timeout 14 × retry_cnt 7 ≈ 0.54 s), so the client's WRITEs end
+/// in RETRY_EXC_ERR within the bound and it exits; nothing hangs. Once the link is back, a new
+/// transfer between the same hosts works.
+#[test]
+fn link_down_then_up_under_ib_write_bw() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("l") else { return };
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = Proc::start(&mut h.cmd(
+        &h.a,
+        binary("ib_write_bw"),
+        &["-d", &h.dev_a(), "-s", "65536", "-D", "30", "-p", &p],
+    ));
+    wait_listening_in_ns(&mut server, port);
+    let mut client = Proc::start(&mut h.cmd(
+        &h.b,
+        binary("ib_write_bw"),
+        &["-d", &h.dev_b(), "-s", "65536", "-D", "30", "-p", &p, &h.addr_a],
+    ));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(!client.exited(), "the client stopped before the link went down");
+    let link = |state: &str| {
+        let st = std::process::Command::new("ip")
+            .args(["-n", &h.a, "link", "set", &h.veth_a, state])
+            .status()
+            .expect("ip link set");
+        assert!(st.success(), "ip link set {state}");
+    };
+    link("down");
+    let down = Instant::now();
+    let client = client.wait_or(Duration::from_secs(10), "");
+    let took = down.elapsed();
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(took));
+    link("up");
+    let server = server.wait_or(Duration::from_secs(10), &client.describe());
+    eprintln!("ib_write_bw: link down, client exited {took:?} later");
+    assert_ne!(client.code, Some(0), "{}", client.describe());
+    let all = format!("{}{}", client.stdout, client.stderr);
+    assert!(
+        all.contains("Failed status 12"),
+        "expected RETRY_EXC_ERR\n{}\n--- server\n{}",
+        client.describe(),
+        server.describe()
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}\n{}", client.describe());
+    // The stack recovers with the link: a fresh transfer completes.
+    std::thread::sleep(Duration::from_secs(1));
+    tool_ok(&h, "ib_write_bw", &["-s", "65536", "-n", "200"]);
+}
+
 // ---------------------------------------------------------------- Rust peers
 
 /// Sizes of one round of the data test: an RDMA WRITE, then a SEND (8-byte round number +
