@@ -954,7 +954,6 @@ fn destroy_qp(p: *mut rdma_cm_id) -> CResult<()> {
     if !qp.is_null() {
         // SAFETY: id->qp is a QP of this library (C contract).
         let soft_qp = unsafe { SoftQp::from_c(qp)? };
-        crate::objects::drain_ud_sends(&soft_qp.qp);
         match soft.id.qp() {
             // The CM holds the QP it created: it destroys it (and forgets it).
             Some(q) if q.qpn() == soft_qp.qp.qpn() => soft.id.destroy_qp()?,

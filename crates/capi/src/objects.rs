@@ -575,27 +575,9 @@ pub(crate) unsafe fn free_qp(p: *mut ibv_qp) {
     drop(unsafe { SoftQp::from_c_owned(p) });
 }
 
-/// Longest wait of [`drain_ud_sends`].
-const UD_DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Before a UD QP is destroyed: waits (at most [`UD_DRAIN_LIMIT`]) until the engine has sent
-/// the WRs already posted. Linux rxe sends a user QP's WRs inside `ibv_post_send`, so a sender
-/// that posts unsignaled datagrams and destroys its QP at once (mckey) still gets them out;
-/// the soft-RoCE engine sends from its progress thread, and destroying discards what is queued.
-pub(crate) fn drain_ud_sends(qp: &Qp) {
-    if qp.inner().qp_type != QpType::Ud {
-        return;
-    }
-    let deadline = std::time::Instant::now() + UD_DRAIN_LIMIT;
-    while qp.state() == QpState::Rts && qp.inner().sends_outstanding() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_micros(100));
-    }
-}
-
 fn destroy_qp(p: *mut ibv_qp) -> CResult<()> {
     // SAFETY: `p` is a QP of this library (C contract).
     let qp = unsafe { SoftQp::from_c(p)? };
-    drain_ud_sends(&qp.qp);
     qp.qp.clone().destroy()?;
     // SAFETY: C gives the pointer up with this call.
     unsafe { free_qp(p) };
