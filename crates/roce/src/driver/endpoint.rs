@@ -797,25 +797,10 @@ impl Endpoint {
         let dqpn = packet
             .get(5..8)
             .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
-        let port = self.dst_port(dst, dqpn);
-        let ip = IcrcIp::V4 {
-            src,
-            dst,
-            id: 0,
-            dont_fragment: true,
-        };
-        let crc = icrc_bytes(icrc(&ip, home.port, port, packet));
-        match net::send_v4(&home.sock, src, SocketAddrV4::new(dst, port), &[packet, &crc]) {
-            Ok(()) => {
-                self.counters.tx_datagrams.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                // A full socket buffer or an unreachable host: the packet is lost, and the
-                // reliable transport recovers as it would from any loss.
-                self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%dst, "soft-RoCE: send failed: {e}");
-            }
-        }
+        let mut batch = net::TxBatch::default();
+        batch.next_buf().extend_from_slice(packet);
+        batch.commit(src, self.destination(dst, dqpn));
+        self.transmit_batch(home, &mut batch);
     }
 }
 

@@ -8,10 +8,9 @@
 //!   kernel write IPv4 ID 0 and DF: the ICRC covers both, so they must be predictable
 //!   (../shared/wirecheck/README.md).
 
-use nix::sys::socket::{sendmsg, setsockopt, sockopt, ControlMessage, MsgFlags, SockaddrIn};
+use nix::sys::socket::{setsockopt, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
-use std::io::IoSlice;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 
@@ -86,22 +85,6 @@ pub fn set_membership_v4(sock: &UdpSocket, group: Ipv4Addr, local: Ipv4Addr, joi
     } else {
         sock.leave_multicast_v4(&group, &local)
     }
-}
-
-/// Sends one datagram from `src` (an address of this host) to `dst`.
-pub fn send_v4(sock: &UdpSocket, src: Ipv4Addr, dst: SocketAddrV4, parts: &[&[u8]]) -> io::Result<()> {
-    let info = libc::in_pktinfo {
-        ipi_ifindex: 0,
-        ipi_spec_dst: libc::in_addr {
-            s_addr: u32::from(src).to_be(),
-        },
-        ipi_addr: libc::in_addr { s_addr: 0 },
-    };
-    let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
-    let to = SockaddrIn::from(dst);
-    let cmsg = [ControlMessage::Ipv4PacketInfo(&info)];
-    sendmsg(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, Some(&to)).map_err(io::Error::from)?;
-    Ok(())
 }
 
 /// One received datagram's addressing.
