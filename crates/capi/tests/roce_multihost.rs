@@ -217,13 +217,11 @@ fn verbs_tools_under_two_percent_loss() {
     }
 }
 
-#[test]
-fn ib_write_bw_server_killed_mid_transfer() {
-    let _serial = one_at_a_time();
-    let Some(h) = Hosts::or_skip("k") else { return };
+/// An `ib_write_bw` server on host a and client on host b in duration mode (it would run 30 s),
+/// moving data for 2.5 s; panics if the client stopped already.
+fn ib_write_bw_running(h: &Hosts) -> (Proc, Proc) {
     let port = free_port();
     let p = port.to_string();
-    // Duration mode: the transfer would run for 30 s.
     let mut server = Proc::start(&mut h.cmd(
         &h.a,
         binary("ib_write_bw"),
@@ -236,7 +234,15 @@ fn ib_write_bw_server_killed_mid_transfer() {
         &["-d", &h.dev_b(), "-s", "65536", "-D", "30", "-p", &p, &h.addr_a],
     ));
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(!client.exited(), "the client stopped before the kill");
+    assert!(!client.exited(), "the client stopped before the fault");
+    (server, client)
+}
+
+#[test]
+fn ib_write_bw_server_killed_mid_transfer() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("k") else { return };
+    let (server, client) = ib_write_bw_running(&h);
     let killed = Instant::now();
     let server = server.kill();
     let client = client.wait_or(Duration::from_secs(10), &format!("--- server\n{}", server.describe()));
@@ -261,21 +267,7 @@ fn ib_write_bw_server_killed_mid_transfer() {
 fn link_down_then_up_under_ib_write_bw() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("l") else { return };
-    let port = free_port();
-    let p = port.to_string();
-    let mut server = Proc::start(&mut h.cmd(
-        &h.a,
-        binary("ib_write_bw"),
-        &["-d", &h.dev_a(), "-s", "65536", "-D", "30", "-p", &p],
-    ));
-    wait_listening_in_ns(&mut server, port);
-    let mut client = Proc::start(&mut h.cmd(
-        &h.b,
-        binary("ib_write_bw"),
-        &["-d", &h.dev_b(), "-s", "65536", "-D", "30", "-p", &p, &h.addr_a],
-    ));
-    std::thread::sleep(Duration::from_millis(2500));
-    assert!(!client.exited(), "the client stopped before the link went down");
+    let (server, client) = ib_write_bw_running(&h);
     let link = |state: &str| {
         let st = std::process::Command::new("ip")
             .args(["-n", &h.a, "link", "set", &h.veth_a, state])
