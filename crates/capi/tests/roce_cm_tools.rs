@@ -31,14 +31,9 @@ fn cmd(name: &str, args: &[&str]) -> Command {
     c
 }
 
-/// True once some process listens on RoCE service `(ps, port)`: the driver's service claim,
-/// an abstract Unix socket named after the service ID.
+/// True once some process listens on RoCE service `(ps, port)` (in this namespace).
 fn rxe_listening(ps: u16, port: u16) -> bool {
-    let name = format!("@softrdma-rxe-svc-{:016x}", (u64::from(ps) << 16) | u64::from(port));
-    std::fs::read_to_string("/proc/net/unix")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split_whitespace().last() == Some(name.as_str()))
+    common::rxe_listening(None, ps, port)
 }
 
 /// True once `lo` is a member of IPv4 multicast `group` (a receiver's QP joined it).
@@ -326,4 +321,74 @@ fn ib_write_lat_with_rdma_cm() {
 #[test]
 fn ib_read_lat_with_rdma_cm() {
     perftest("ib_read_lat", &[]);
+}
+
+// ---- A client killed mid-transfer (issue #6): no DREQ can leave a SIGKILLed process.
+
+/// Bound within which the server learns that its killed client is gone and exits: keepalive
+/// (2 s) + timer grid (0.25 s) + (retry_count 7 + 1) × the rdma_cm ACK timeout (18: 1.07 s),
+/// plus slack for a loaded machine.
+const KILLED_PEER_BOUND: Duration = Duration::from_secs(16);
+
+/// Starts `tool`'s server and client (`server`, `client` arguments), lets them move data for
+/// 1.5 s, SIGKILLs the client and waits (bounded) for the server. Returns the server's run and
+/// how long after the kill it ended.
+fn kill_client_mid_transfer(tool: &str, port: u16, server: &[&str], client: &[&str]) -> (Run, Duration) {
+    let srv = wait_ready(Proc::start(&mut cmd(tool, server)), "listen", || {
+        rxe_listening(PS_TCP, port)
+    });
+    let mut cli = Proc::start(&mut cmd(tool, client));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!cli.exited(), "{tool}: the client ended before the kill");
+    let killed = Instant::now();
+    let cli = cli.kill();
+    let srv = srv.wait_or(
+        KILLED_PEER_BOUND,
+        &format!("\n=== the killed client:\n{}", cli.describe()),
+    );
+    let took = killed.elapsed();
+    eprintln!("{tool}: client killed, server exited {:?} after {took:?}", srv.code);
+    (srv, took)
+}
+
+#[test]
+fn rping_server_ends_when_its_client_is_killed() {
+    let port = free_port();
+    let p = port.to_string();
+    let (srv, _) = kill_client_mid_transfer(
+        "rping",
+        port,
+        &["-s", "-a", "127.0.0.1", "-p", &p, "-v"],
+        &["-c", "-a", "127.0.0.1", "-p", &p, "-v", "-C", "100000000"],
+    );
+    // rping's server ends either way: status 0 when DISCONNECTED comes while it waits for the
+    // next ping, "rping server failed" when a ping's RDMA READ or WRITE fails first.
+    let all = format!("{}{}", srv.stdout, srv.stderr);
+    assert!(
+        srv.code == Some(0) || all.contains("rping server failed"),
+        "{}",
+        srv.describe()
+    );
+    assert!(
+        srv.stdout.contains("server ping data: rdma-ping-"),
+        "{}",
+        srv.describe()
+    );
+}
+
+#[test]
+fn ib_send_bw_server_ends_when_its_client_is_killed() {
+    let port = free_port();
+    let p = port.to_string();
+    let args = ["-R", "-d", "rxe_lo", "-p", &p, "-s", "65536", "-n", "100000000"];
+    let mut client = args.to_vec();
+    client.push("127.0.0.1");
+    let (srv, _) = kill_client_mid_transfer("ib_send_bw", port, &args, &client);
+    // Only receives were posted: they flush (status 5, IBV_WC_WR_FLUSH_ERR).
+    let all = format!("{}{}", srv.stdout, srv.stderr);
+    assert!(
+        srv.code.is_some_and(|c| c != 0) && all.contains("Failed status 5"),
+        "{}",
+        srv.describe()
+    );
 }

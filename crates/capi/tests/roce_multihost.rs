@@ -6,7 +6,8 @@
 //!   directions: the tools finish, nothing hangs, a Rust transfer checks every byte it WRITEs,
 //!   SENDs and READs back, and the `SOFTRDMA_STATS=1` counters show the losses recovered;
 //! - a peer killed (SIGKILL) mid-transfer: the survivor gets RETRY_EXC_ERR and then flush
-//!   completions within retry_cnt × the ACK timeout, never a hang;
+//!   completions within retry_cnt × the ACK timeout, never a hang; with rdma_cm, a survivor
+//!   with only receives posted finds the dead peer by keepalive and flushes them;
 //! - captures of such runs (and of a Rust rdma_cm connection, `softrdma rping`) pass
 //!   `../shared/wirecheck/wirecheck --expect roce [--expect cm]` with every ICRC verified.
 //!
@@ -257,6 +258,53 @@ fn ib_write_bw_server_killed_mid_transfer() {
     );
     // perftest: ACK timeout 14 (67 ms) × (retry_cnt 7 + 1) ≈ 0.54 s; allow for scheduling.
     assert!(took < Duration::from_secs(3), "took {took:?}\n{}", client.describe());
+}
+
+/// The rdma_cm version across hosts: `ib_send_bw -R` with the client on host b SIGKILLed. A
+/// dead process sends no DREQ, and the server has only receives posted, so nothing it does
+/// would fail: its idle QP's keepalive probes go unanswered, the receives flush (status 5)
+/// and DISCONNECTED follows, within keepalive (2 s) + grid (0.25 s) + 8 × the rdma_cm ACK
+/// timeout (1.07 s) ≈ 10.9 s.
+#[test]
+fn ib_send_bw_rdma_cm_client_killed_server_learns() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("q") else { return };
+    let port = free_port();
+    let p = port.to_string();
+    let args = ["-R", "-s", "65536", "-n", "100000000", "-p", &p];
+    let start = |ns: &str, peer: Option<&str>| {
+        let mut argv: Vec<&str> = args.to_vec();
+        argv.extend(peer);
+        let mut c = h.cmd(ns, binary("ib_send_bw"), &argv);
+        c.env("SOFTRDMA_TRANSPORTS", "roce");
+        Proc::start(&mut c)
+    };
+    let mut server = start(&h.a, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !common::rxe_listening(Some(server.pid()), 0x0106, port) {
+        assert!(
+            !server.exited() && Instant::now() < deadline,
+            "the server did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut client = start(&h.b, Some(&h.addr_a));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(!client.exited(), "the client stopped before the kill");
+    let killed = Instant::now();
+    let client = client.kill();
+    let server = server.wait_or(
+        Duration::from_secs(16),
+        &format!("--- killed client\n{}", client.describe()),
+    );
+    let took = killed.elapsed();
+    eprintln!("ib_send_bw -R: client on host b killed, server exited {took:?} later");
+    let all = format!("{}{}", server.stdout, server.stderr);
+    assert!(
+        server.code.is_some_and(|c| c != 0) && all.contains("Failed status 5"),
+        "expected flushed receives (status 5)\n{}",
+        server.describe()
+    );
 }
 
 /// The link goes down for 2 s under a running `ib_write_bw`: RoCE has no connection to ride it

@@ -922,12 +922,9 @@ impl CmId {
                 }
                 st.opts.af_only = Some(a);
             }
-            CmOption::AckTimeout(t) => {
-                if matches!(st.state, CmState::Connect | CmState::Listen) {
-                    bail!(Inval, "RDMA_OPTION_ID_ACK_TIMEOUT: set it before connect or accept");
-                }
-                st.opts.ack_timeout = Some(t.min(31));
-            }
+            // As the kernel: allowed in any state, applied at the QP's next move to RTS (a
+            // listener passes it to its requests, a new passive id may set its own).
+            CmOption::AckTimeout(t) => st.opts.ack_timeout = Some(t.min(31)),
             CmOption::ConnectTimeout(d) => st.opts.connect_timeout = d.max(Duration::from_millis(1)),
             CmOption::ResolveTimeout(d) => st.opts.resolve_timeout = Some(d),
             CmOption::Transport(t) => {

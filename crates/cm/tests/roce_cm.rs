@@ -1068,6 +1068,83 @@ fn child_roce_server() {
     destroy(l);
 }
 
+/// A peer process killed (SIGKILL: no DREQ, no DREP) while this side has only receives
+/// posted: keepalive probes find it gone, the receives flush and DISCONNECTED comes with
+/// -ETIMEDOUT, within keepalive (2 s) + timer grid (0.25 s) + 8 × ACK timeout (67 ms).
+#[test]
+fn peer_killed_while_only_receives_are_posted() {
+    let ch = EventChannel::new().unwrap();
+    let (l, addr) = listener(&ch, PortSpace::Tcp);
+    // Passive QPs take the listener's ACK timeout: 4.096 µs × 2^14 = 67 ms.
+    l.set_option(CmOption::AckTimeout(14)).unwrap();
+    let name = "child_roce_client_to_kill";
+    let (mut child, rx) = spawn_child(name, &[("SOFTRDMA_TEST_PORT", &addr.port().to_string())]);
+    let req = expect(&ch, EventType::ConnectRequest);
+    let s = req.id.clone();
+    drop(req);
+    let ss = side(&s, QpType::Rc);
+    let rbuf = ss.pd.alloc_mr(256, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4 {
+        ss.qp.post_recv_one(i, rbuf.sge(0, 256)).unwrap();
+    }
+    s.accept(Some(&param(b"s"))).unwrap();
+    drop(expect(&ch, EventType::Established));
+    assert_eq!(child_says(&rx, "CONNECTED"), "1");
+    // One message first: the connection really carries data.
+    let wc = completion(&ss.cq, "the child's SEND");
+    assert_eq!((wc.wr_id, wc.byte_len), (0, 5));
+    child.kill().unwrap();
+    let _ = child.wait();
+    let killed = Instant::now();
+    let bound = Duration::from_millis(2000 + 250 + 8 * 68 + 1500);
+    let ev = ch
+        .get_event(Some(bound + WAIT))
+        .expect("DISCONNECTED after the peer was killed");
+    let took = killed.elapsed();
+    assert_eq!(ev.event, EventType::Disconnected, "{:?}", ev.reason);
+    assert_eq!(ev.status, -libc::ETIMEDOUT);
+    assert!(ev.reason.contains("stopped answering"), "{}", ev.reason);
+    assert!(took <= bound, "DISCONNECTED {took:?} after the kill; bound {bound:?}");
+    drop(ev);
+    let wcs = ss.cq.wait_for(3, WAIT);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(ss.qp.state(), QpState::Err);
+    eprintln!("peer killed: DISCONNECTED and 3 receives flushed {took:?} later (bound {bound:?})");
+    // The application's usual answer works, and the id goes away cleanly.
+    s.disconnect().unwrap();
+    drop(rbuf);
+    teardown(s, Some(ss));
+    destroy(l);
+}
+
+#[test]
+#[ignore = "runs as a child of peer_killed_while_only_receives_are_posted"]
+fn child_roce_client_to_kill() {
+    if !in_child() {
+        return;
+    }
+    let port: u16 = std::env::var("SOFTRDMA_TEST_PORT").unwrap().parse().unwrap();
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&ch, SocketAddr::from(([127, 0, 0, 1], port)), PortSpace::Tcp);
+    let cs = side(&c, QpType::Rc);
+    c.connect(&param(b"c")).unwrap();
+    drop(expect(&ch, EventType::Established));
+    let sbuf = cs.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    sbuf.write(0, b"hello").unwrap();
+    cs.qp.post_send_one(SendWr::send(1, vec![sbuf.sge(0, 5)])).unwrap();
+    completion(&cs.cq, "SEND in the child");
+    println!("CONNECTED 1");
+    // Waits to be killed.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
 #[test]
 fn listener_in_another_process_never_answers_then_is_killed() {
     let name = "child_roce_silent_listener";

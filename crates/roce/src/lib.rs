@@ -5,8 +5,10 @@
 //!   replayed READ/atomic responses) and UD. Driven in unit tests with simulated time.
 //! - [`driver`]: the process-wide UDP endpoint that feeds the engines from the progress
 //!   thread, allocates QP numbers and demultiplexes packets between processes.
+//! - [`gsi`]: QP1, the CM's MADs; [`liveness`]: peer-loss reports to the CM.
 #![warn(missing_docs)]
 
 pub mod driver;
 pub mod engine;
 pub mod gsi;
+pub mod liveness;

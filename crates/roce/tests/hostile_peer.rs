@@ -373,6 +373,7 @@ impl Victim {
         self.next += 1;
         let qp = new_qp(&self.pd, &self.cq, QpType::Rc);
         connect(&qp, peer.qpn(i), 0x100, rq_psn);
+        peer.answer_probes(peer.qpn(i), qp.qpn());
         for k in 0..2 {
             qp.post_recv_one(1000 + k, self.recv.sge(k as usize * 64, 64)).unwrap();
         }

@@ -269,3 +269,26 @@ pub fn wait_listening_in_ns(server: &mut Proc, port: u16) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// True once some process in the network namespace of `pid` (this process's if `None`)
+/// listens with rdma_cm on soft-RoCE service (`ps`, `port`): the driver's service claim, an
+/// abstract Unix socket named after the service ID (`ps` is the upper half of the ID, e.g.
+/// 0x0106 for RDMA_PS_TCP). A RoCE listener holds no TCP socket to wait for.
+pub fn rxe_listening(pid: Option<u32>, ps: u16, port: u16) -> bool {
+    let name = format!("@softrdma-rxe-svc-{:016x}", (u64::from(ps) << 16) | u64::from(port));
+    let table = match pid {
+        Some(p) => format!("/proc/{p}/net/unix"),
+        None => "/proc/net/unix".to_string(),
+    };
+    std::fs::read_to_string(table)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some(name.as_str()))
+}
+
+impl Proc {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}

@@ -2,7 +2,8 @@
 //! of connections (by communication ID) and listeners (by service ID), and runs one worker
 //! thread that feeds MADs and timer expiries into the per-connection machines.
 //!
-//! The driver calls [`Handler::on_mad`] on the progress thread; it only queues the MAD. The
+//! The driver calls [`Handler::on_mad`] (and [`Handler::on_peer_lost`]) on the progress
+//! thread; it only queues the MAD (or the report). The
 //! worker parses it and steps the connection (under the connection's lock, which also orders
 //! the MADs it sends and the events it posts). Locks are taken in the order connection →
 //! tables → queue, never the other way round; an id's lock is never held while a
@@ -12,6 +13,7 @@ use super::ids::IdAlloc;
 use super::link::{Link, LinkState};
 use super::mad_io;
 use softrdma_roce::gsi::{GsiPeer, MadHandler, ServiceClaim};
+use softrdma_roce::liveness::PeerLostHandler;
 use softrdma_verbs::{Error, Result};
 use softrdma_wire::ibcm::{CmMad, CmMessage, Drep, Rej, RejReason, CM_MSG_REP, MAD_LEN};
 use std::cmp::Reverse;
@@ -27,6 +29,8 @@ pub(crate) enum Work {
     Mad(GsiPeer, Box<[u8; MAD_LEN]>),
     /// An id holding this connection was dropped without `destroy`: withdraw it.
     Abandon(Arc<Link>),
+    /// The RC QP `qpn` found its peer at the address gone (the driver says why).
+    PeerLost(u32, Ipv4Addr, String),
 }
 
 #[derive(Default)]
@@ -93,6 +97,14 @@ impl MadHandler for Handler {
     }
 }
 
+impl PeerLostHandler for Handler {
+    fn on_peer_lost(&self, qpn: u32, peer: Ipv4Addr, why: &str) {
+        if let Some(a) = self.0.upgrade() {
+            a.push(Work::PeerLost(qpn, peer, why.to_string()));
+        }
+    }
+}
+
 /// The token of a flush barrier: a DREP from this host to a communication ID whose counter
 /// half is 0 (never allocated, see [`IdAlloc`]), carrying the token as its local ID.
 fn barrier_token(peer: GsiPeer, mad: &[u8; MAD_LEN]) -> Option<u32> {
@@ -135,7 +147,9 @@ impl Agent {
             barrier_seen: Mutex::new(0),
             barrier_cv: Condvar::new(),
         });
-        mad_io::set_handler(Arc::new(Handler(Arc::downgrade(&agent))))?;
+        let handler = Arc::new(Handler(Arc::downgrade(&agent)));
+        mad_io::set_handler(handler.clone())?;
+        mad_io::set_peer_lost_handler(handler);
         let w = agent.clone();
         std::thread::Builder::new()
             .name("softrdma-ibcm".into())
@@ -260,6 +274,7 @@ impl Agent {
             match next {
                 Ok(Work::Mad(peer, mad)) => self.on_mad(peer, &mad[..]),
                 Ok(Work::Abandon(link)) => link.abandon(&self),
+                Ok(Work::PeerLost(qpn, peer, why)) => self.on_peer_lost(qpn, peer, why),
                 Err(id) => {
                     if let Some(l) = self.link(id) {
                         l.on_timer(&self);
@@ -293,6 +308,20 @@ impl Agent {
             Some(l) => l.on_mad(self, peer, &m),
             None => self.unknown(peer, &m),
         }
+    }
+
+    /// Ends the connection whose QP found its peer gone (none: the QP was not the CM's).
+    fn on_peer_lost(&self, qpn: u32, peer: Ipv4Addr, why: String) {
+        let links: Vec<Arc<Link>> = self.tables().links.values().cloned().collect();
+        let Some(link) = links.into_iter().find(|l| l.serves_qp(qpn, peer)) else {
+            tracing::debug!(qpn, %peer, "IB CM: peer lost on a QP without a connection");
+            return;
+        };
+        let tid = self.ids.tid();
+        link.step(self, |ls, now| match &mut ls.kind {
+            super::link::Kind::Rc(c) => (c.peer_lost(tid, why, now), ()),
+            _ => (Vec::new(), ()),
+        });
     }
 
     /// A message for a connection this process does not (or no longer) know.

@@ -71,6 +71,12 @@ pub enum Report {
         /// No DREP came.
         timed_out: bool,
     },
+    /// The QP's transport found the peer gone (retries or keepalive probes unanswered);
+    /// `why` says how. The connection is over, as after a DREQ that timed out.
+    PeerLost {
+        /// What the transport saw.
+        why: String,
+    },
     /// TIMEWAIT is over.
     TimewaitExit,
 }
@@ -104,6 +110,8 @@ pub struct Conn {
     local_id: u32,
     remote_id: u32,
     remote_qpn: u32,
+    /// Our QP number (from the REQ we sent or the REP we sent; 0 until then).
+    local_qpn: u32,
     tid: u64,
     dreq_tid: u64,
     timing: Timing,
@@ -132,6 +140,7 @@ impl Conn {
     /// Active side: sends `req` (its `local_comm_id` set to `local_id`) and waits for REP.
     pub fn active(local_id: u32, tid: u64, mut req: Req, timing: Timing, now: Instant) -> (Conn, Actions) {
         req.local_comm_id = local_id;
+        let local_qpn = req.local_qpn;
         let m = mad(tid, req);
         let mut c = Conn {
             active: true,
@@ -139,6 +148,7 @@ impl Conn {
             local_id,
             remote_id: 0,
             remote_qpn: 0,
+            local_qpn,
             tid,
             dreq_tid: 0,
             timing,
@@ -161,6 +171,7 @@ impl Conn {
             local_id,
             remote_id: req.local_comm_id,
             remote_qpn: req.local_qpn,
+            local_qpn: 0,
             tid,
             dreq_tid: 0,
             timing,
@@ -187,6 +198,11 @@ impl Conn {
     #[cfg(test)]
     pub fn remote_id(&self) -> u32 {
         self.remote_id
+    }
+
+    /// Our QP number, once a REQ or REP carried it.
+    pub fn local_qpn(&self) -> u32 {
+        self.local_qpn
     }
 
     /// When [`Conn::on_timer`] must run next.
@@ -498,6 +514,7 @@ impl Conn {
         }
         rep.local_comm_id = self.local_id;
         rep.remote_comm_id = self.remote_id;
+        self.local_qpn = rep.local_qpn;
         let m = mad(self.tid, rep);
         self.state = State::RepSent;
         self.retry = Some(Retry {
@@ -577,6 +594,20 @@ impl Conn {
             }
             _ => Err("not connected"),
         }
+    }
+
+    /// The QP's transport found the peer gone (`why`): a DREQ goes out once, in case the
+    /// peer can still hear it, and the connection enters TIMEWAIT with a
+    /// [`Report::PeerLost`]. A dead process cannot send the DREQ its kernel would send on a
+    /// real fabric; this stands in for it. Ignored unless connected.
+    pub fn peer_lost(&mut self, tid: u64, why: String, now: Instant) -> Actions {
+        if !matches!(self.state, State::Established | State::RepSent | State::MraRepRcvd) {
+            return Vec::new();
+        }
+        let mut out = self.disconnect(tid, now).unwrap_or_default();
+        self.enter_timewait(now, true);
+        out.push(Action::Report(Report::PeerLost { why }));
+        out
     }
 
     /// The consumer destroys its id (Linux `cm_destroy_id`): an unanswered REQ is withdrawn

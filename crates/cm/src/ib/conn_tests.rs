@@ -493,3 +493,41 @@ fn disconnect_before_rtu_and_mismatched_ids() {
     }
     assert!(a.on_mad(&stray, now).is_empty());
 }
+
+#[test]
+fn peer_lost_sends_one_dreq_and_reports_once() {
+    let Pair { mut a, mut b, now } = handshake(timing(3));
+    assert_eq!(a.local_qpn(), 0x11, "from the REQ");
+    assert_eq!(b.local_qpn(), 0, "the REP in the handshake carried QPN 0");
+    let acts = a.peer_lost(5, "keepalive unanswered".into(), now);
+    let dreq = one(&acts);
+    assert!(matches!(dreq.msg, CmMessage::Dreq(_)));
+    assert_eq!(
+        reports(&acts),
+        vec![Report::PeerLost {
+            why: "keepalive unanswered".into()
+        }]
+    );
+    assert_eq!(
+        (a.state(), a.deadline()),
+        (State::Timewait, Some(now + Duration::from_millis(30)))
+    );
+    // No DREQ resends, no second report; the consumer's disconnect has nothing left to do.
+    assert!(a.peer_lost(6, "again".into(), now).is_empty());
+    assert!(a.disconnect(7, now).is_err());
+    // A peer that could still hear answers with a DREP, which TIMEWAIT ignores.
+    let drep = one(&b
+        .on_mad(&dreq, now)
+        .into_iter()
+        .chain(b.disconnect(0, now).unwrap())
+        .collect());
+    assert!(a.on_mad(&drep, now).is_empty());
+    assert_eq!(
+        reports(&a.on_timer(now + Duration::from_millis(30))),
+        vec![Report::TimewaitExit]
+    );
+    // Before ESTABLISHED there is no connection to lose.
+    let (mut c, _) = Conn::active(A_ID + 1, 8, req(), timing(3), now);
+    assert!(c.peer_lost(9, "x".into(), now).is_empty());
+    assert_eq!(c.state(), State::ReqSent);
+}

@@ -121,6 +121,12 @@ impl Link {
         r
     }
 
+    /// True if this is the RC connection of QP `qpn` to `peer`.
+    pub(crate) fn serves_qp(&self, qpn: u32, peer: Ipv4Addr) -> bool {
+        let ls = self.lock();
+        matches!(&ls.kind, Kind::Rc(c) if c.local_qpn() == qpn) && ls.remote == peer
+    }
+
     /// A MAD the agent routed here.
     pub(crate) fn on_mad(&self, agent: &Agent, peer: GsiPeer, m: &CmMad) {
         self.step(agent, |ls, now| {

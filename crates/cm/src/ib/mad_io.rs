@@ -1,6 +1,8 @@
-//! The IB CM's only contact with the soft-RoCE driver's QP1 (`softrdma_roce::gsi`).
+//! The IB CM's only contact with the soft-RoCE driver: its QP1 (`softrdma_roce::gsi`) and its
+//! peer-loss reports (`softrdma_roce::liveness`).
 
 use softrdma_roce::gsi::{self, MadHandler, ServiceClaim};
+use softrdma_roce::liveness::{self, PeerLostHandler};
 use softrdma_verbs::Result;
 use softrdma_wire::ibcm::CmMad;
 use std::net::Ipv4Addr;
@@ -28,4 +30,9 @@ pub fn set_handler(h: Arc<dyn MadHandler>) -> Result<()> {
 /// Claims a service ID for this process (EADDRINUSE if another process holds it).
 pub fn claim(service_id: u64) -> Result<ServiceClaim> {
     gsi::claim_service(service_id)
+}
+
+/// Installs the process's peer-loss handler.
+pub fn set_peer_lost_handler(h: Arc<dyn PeerLostHandler>) {
+    liveness::set_peer_lost_handler(h);
 }

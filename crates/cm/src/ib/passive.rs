@@ -33,6 +33,8 @@ struct Held {
     qp: Option<Qp>,
     dev: DeviceInfo,
     req_param: ConnParam,
+    /// RDMA_OPTION_ID_ACK_TIMEOUT set on the id itself.
+    ack_timeout: Option<u8>,
 }
 
 /// The id's pending request (state CONNECT with an IB CM link).
@@ -49,6 +51,7 @@ fn held(id: &CmId, op: &str) -> Result<Held> {
         qp: st.qp.clone(),
         dev: dev.clone(),
         req_param: st.req_param.clone().unwrap_or_default(),
+        ack_timeout: st.opts.ack_timeout,
     })
 }
 
@@ -111,6 +114,9 @@ fn accept_rc(ls: &mut LinkState, h: &Held, p: &ConnParam, now: Instant) -> Resul
     };
     ls.path.responder_resources = rr;
     ls.path.initiator_depth = depth;
+    if let Some(t) = h.ack_timeout {
+        ls.path.ack_timeout = t;
+    }
     if let Some(qp) = &h.qp {
         if let Err(e) = qp_setup::bring_up_rc(qp, &ls.path) {
             // As the kernel: the QP goes to ERR and the peer gets REJ consumer defined.

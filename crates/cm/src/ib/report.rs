@@ -69,28 +69,19 @@ pub(crate) fn deliver(ls: &mut LinkState, r: Report, now: Instant) -> Actions {
             );
             Vec::new()
         }
+        Report::PeerLost { why } => {
+            let why = format!("{peer} stopped answering ({why}); the connection is down");
+            tracing::debug!("{why}");
+            disconnected(&id, -libc::ETIMEDOUT, why);
+            Vec::new()
+        }
         Report::Disconnected { timed_out } => {
-            {
-                let mut st = id.lock();
-                if st.disconnected || st.state != CmState::Connect {
-                    return Vec::new();
-                }
-                st.disconnected = true;
-                st.state = CmState::Disconnect;
-            }
-            // The peer moved its QP to ERR before its DREQ (or stopped answering): nothing
-            // posted here can complete any more, so flush it now, as a closed iWARP stream
-            // does, instead of leaving receives waiting until the application disconnects.
-            qp_error(&id);
-            let (status, why) = if timed_out {
-                (
-                    -libc::ETIMEDOUT,
-                    format!("{peer}: no DREP, disconnected after the DREQ retries"),
-                )
+            if timed_out {
+                let why = format!("{peer}: no DREP, disconnected after the DREQ retries");
+                disconnected(&id, -libc::ETIMEDOUT, why);
             } else {
-                (0, String::new())
-            };
-            id.post(EventType::Disconnected, status, ConnParam::default(), why, None);
+                disconnected(&id, 0, String::new());
+            }
             Vec::new()
         }
         Report::TimewaitExit => {
@@ -100,6 +91,23 @@ pub(crate) fn deliver(ls: &mut LinkState, r: Report, now: Instant) -> Actions {
             Vec::new()
         }
     }
+}
+
+/// DISCONNECTED (once, and only on a connected id) with `status` and `why`.
+fn disconnected(id: &Arc<IdInner>, status: i32, why: String) {
+    {
+        let mut st = id.lock();
+        if st.disconnected || st.state != CmState::Connect {
+            return;
+        }
+        st.disconnected = true;
+        st.state = CmState::Disconnect;
+    }
+    // The peer moved its QP to ERR before its DREQ (or stopped answering): nothing posted
+    // here can complete any more, so flush it now, as a closed iWARP stream does, instead of
+    // leaving receives waiting until the application disconnects.
+    qp_error(id);
+    id.post(EventType::Disconnected, status, ConnParam::default(), why, None);
 }
 
 fn qp_error(id: &Arc<IdInner>) {

@@ -3,7 +3,7 @@
 
 use super::endpoint::{Endpoint, Home};
 use super::forward::Origin;
-use crate::engine::{RcConfig, RcEngine, UdConfig, UdEngine, UdSource};
+use crate::engine::{earliest, RcConfig, RcEngine, UdConfig, UdEngine, UdSource, DEFAULT_KEEPALIVE};
 use softrdma_verbs::device::DeviceInfo;
 use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::{Errno, Error, QpDriver, QpState, QpTransport, QpType, Result};
@@ -11,7 +11,7 @@ use softrdma_wire::roce::RocePacket;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The engine of a QP that reached RTR.
 #[derive(Debug)]
@@ -54,6 +54,43 @@ fn mtu_bytes(path_mtu: u8) -> Option<usize> {
         1..=5 => Some(128usize << path_mtu),
         _ => None,
     }
+}
+
+/// The RC keepalive interval: `SOFTRDMA_ROCE_KEEPALIVE_MS` (0 turns it off), else
+/// [`DEFAULT_KEEPALIVE`].
+fn keepalive_interval() -> Option<Duration> {
+    static IV: OnceLock<Option<Duration>> = OnceLock::new();
+    *IV.get_or_init(|| match std::env::var("SOFTRDMA_ROCE_KEEPALIVE_MS") {
+        Err(_) => Some(DEFAULT_KEEPALIVE),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(0) => None,
+            Ok(ms) => Some(Duration::from_millis(ms)),
+            Err(_) => {
+                tracing::warn!(
+                    "SOFTRDMA_ROCE_KEEPALIVE_MS={v:?} is not a number of milliseconds; using {} ms",
+                    DEFAULT_KEEPALIVE.as_millis()
+                );
+                Some(DEFAULT_KEEPALIVE)
+            }
+        },
+    })
+}
+
+/// Keepalive deadlines are rounded up to this grid, so the timers of many idle QPs fire
+/// together (the progress thread checks every QP when its timer fires).
+const KEEPALIVE_GRID: Duration = Duration::from_millis(250);
+
+/// `at` rounded up to the next [`KEEPALIVE_GRID`] step since the first call.
+fn on_grid(at: Instant) -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let Some(since) = at.checked_duration_since(epoch) else {
+        return at;
+    };
+    let grid = KEEPALIVE_GRID.as_nanos();
+    let steps = since.as_nanos().div_ceil(grid);
+    let nanos = u64::try_from(steps * grid).unwrap_or(u64::MAX);
+    epoch.checked_add(Duration::from_nanos(nanos)).unwrap_or(at)
 }
 
 /// The IPv4 address inside an IPv4-mapped GID.
@@ -129,7 +166,10 @@ impl Slot {
                     ));
                 };
                 let local = local_ipv4(dev, av.sgid_index, qpn)?;
-                let cfg = RcConfig::from_qp_attr(qpn, &attr, mtu);
+                let cfg = RcConfig {
+                    keepalive: keepalive_interval(),
+                    ..RcConfig::from_qp_attr(qpn, &attr, mtu)
+                };
                 tracing::debug!(qpn, dest_qpn = attr.dest_qp_num, %local, %remote, mtu, "soft-RoCE RC engine");
                 Engine::Rc {
                     eng: Box::new(RcEngine::new(qp.clone(), cfg)),
@@ -226,15 +266,27 @@ impl Slot {
         self.flush(ep, guard.as_mut(), now)
     }
 
-    /// Timer expiry check. Returns the engine's next deadline.
+    /// Timer expiry check. Returns the engine's next deadline. A peer found lost is
+    /// reported ([`crate::liveness`]) once, after the engine's lock is released.
     pub(crate) fn on_timer(&self, ep: &Endpoint, now: Instant) -> Option<Instant> {
         let mut guard = lock(&self.engine);
-        if let Some(Engine::Rc { eng, .. }) = guard.as_mut() {
+        let mut lost = None;
+        if let Some(Engine::Rc { eng, remote, .. }) = guard.as_mut() {
             if eng.poll_timeout().is_some_and(|d| d <= now) {
+                let failed_before = eng.error().is_some();
                 eng.handle_timeout(now);
+                if let Some(e) = eng.error().filter(|e| !failed_before && e.peer_lost()) {
+                    lost = Some((*remote, e.to_string()));
+                }
             }
         }
-        self.flush(ep, guard.as_mut(), now)
+        let next = self.flush(ep, guard.as_mut(), now);
+        drop(guard);
+        if let Some((peer, why)) = lost {
+            tracing::debug!(qpn = self.qpn, %peer, "soft-RoCE: peer lost: {why}");
+            crate::liveness::report(self.qpn, peer, &why);
+        }
+        next
     }
 
     /// Sends everything the engine has ready; returns its next deadline.
@@ -279,7 +331,7 @@ impl Slot {
             }
         });
         match engine {
-            Engine::Rc { eng, .. } => eng.poll_timeout(),
+            Engine::Rc { eng, .. } => earliest(eng.transport_timeout(), eng.keepalive_due().map(on_grid)),
             Engine::Ud { .. } => None,
         }
     }
@@ -393,5 +445,22 @@ impl QpTransport for RoceQp {
             groups.remove(pos).1
         };
         self.endpoint()?.leave(qpn, group, local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalive_deadlines_share_a_grid() {
+        // Just after a grid step, so that t and t + 100 ms fall before the next one.
+        let t = on_grid(Instant::now()) + Duration::from_millis(3);
+        let a = on_grid(t);
+        let b = on_grid(t + Duration::from_millis(100));
+        assert!(a >= t && a - t < KEEPALIVE_GRID);
+        assert_eq!(a, b, "deadlines 100 ms apart meet on one grid step");
+        assert_eq!(on_grid(a), a, "a grid instant stays put");
+        assert_eq!(on_grid(a + Duration::from_nanos(1)), a + KEEPALIVE_GRID);
     }
 }

@@ -1,5 +1,6 @@
 //! Per-QP settings the engines are built with, taken from the QP attributes at RTR/RTS.
 
+use super::keepalive::DEFAULT_KEEPALIVE;
 use super::timers::ib_timeout;
 use softrdma_verbs::QpAttr;
 use softrdma_wire::roce::{DEFAULT_PKEY, PSN_MASK, QPN_MASK};
@@ -45,6 +46,9 @@ pub struct RcConfig {
     pub pkey: u16,
     /// Largest number of unacknowledged request packets (PSNs) in flight.
     pub window: u32,
+    /// Idle time after which an RTS QP with nothing outstanding probes its peer (see
+    /// `keepalive.rs`); `None` never probes.
+    pub keepalive: Option<Duration>,
 }
 
 impl RcConfig {
@@ -66,6 +70,7 @@ impl RcConfig {
             // softrdma devices have one P_Key, the default, at index 0.
             pkey: DEFAULT_PKEY,
             window: DEFAULT_WINDOW,
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 
@@ -127,6 +132,7 @@ mod tests {
         assert_eq!(c.ack_timeout, Some(Duration::from_nanos(4096 << 14)));
         assert_eq!((c.retry_cnt, c.rnr_retry, c.min_rnr_timer), (7, 7, 12));
         assert_eq!((c.ord, c.ird, c.pkey, c.window), (4, 8, DEFAULT_PKEY, DEFAULT_WINDOW));
+        assert_eq!(c.keepalive, Some(DEFAULT_KEEPALIVE));
         let s = RcConfig {
             mtu: 1,
             window: 0,

@@ -151,6 +151,15 @@ pub enum RcError {
         /// The retry count that ran out.
         retries: u8,
     },
+    /// The QP had nothing outstanding and its keepalive probes went unanswered: the peer
+    /// process is gone (or the path to it).
+    #[error("the peer stopped answering: nothing heard for {silent:?}, {probes} keepalive probes unanswered")]
+    PeerUnresponsive {
+        /// Probes sent (the first and the resends).
+        probes: u8,
+        /// Time since the peer was last heard from.
+        silent: std::time::Duration,
+    },
     /// Still receiver-not-ready after the RNR retries.
     #[error("receiver not ready after {retries} RNR retries (work request {wr_id:#x})")]
     RnrRetryExceeded {
@@ -167,4 +176,12 @@ pub enum RcError {
         /// Why.
         err: RequestError,
     },
+}
+
+impl RcError {
+    /// True if the peer stopped answering (transport retries or keepalive probes ran out):
+    /// the connection is gone, as after a DREQ.
+    pub fn peer_lost(&self) -> bool {
+        matches!(self, RcError::RetryExceeded { .. } | RcError::PeerUnresponsive { .. })
+    }
 }

@@ -6,7 +6,8 @@
 //!   window, ORD, fences, AckReq), completer (`completer.rs`: cumulative ACKs, READ responses,
 //!   atomic ACKs, NAKs, go-back-N, RNR waits, ACK timeout) and responder (`responder.rs`,
 //!   `execute.rs`, `replies.rs`, `resources.rs`: in-order execution, duplicate replay, ACK
-//!   coalescing, NAKs).
+//!   coalescing, NAKs) and keepalive (`keepalive.rs`: probes from an idle QP find a peer
+//!   that died without a DREQ).
 //! - [`UdEngine`]: an unreliable datagram QP (`ud.rs`, `grh.rs`).
 //!
 //! Packets are the IB transport part of a RoCEv2 datagram: BTH through pad, without the ICRC
@@ -17,6 +18,7 @@ mod config;
 mod error;
 mod execute;
 mod grh;
+mod keepalive;
 mod local;
 mod psn;
 mod replies;
@@ -33,12 +35,14 @@ mod tests;
 
 pub use config::{RcConfig, UdConfig, DEFAULT_WINDOW, MAX_MTU, MAX_WINDOW, MIN_MTU, RNR_RETRY_INFINITE};
 pub use error::{nak_status, RcError, RequestError};
+pub use keepalive::DEFAULT_KEEPALIVE;
 pub use psn::Psn;
 pub use stats::{NakCounts, RcStats, UdStats};
 pub use timers::{ib_timeout, rnr_timer};
 pub use ud::{UdEngine, UdSource, UdTransmit, GRH_LEN};
 
 use config::pkey_matches;
+use keepalive::Keepalive;
 use requester::Requester;
 use responder::Responder;
 use softrdma_verbs::qp::QpInner;
@@ -46,6 +50,7 @@ use softrdma_verbs::QpState;
 use softrdma_wire::roce::{pad_len, RocePacket};
 use std::sync::Arc;
 use std::time::Instant;
+pub(crate) use timers::earliest;
 
 /// Largest message (IBTA: 2^31 bytes).
 pub const MAX_MESSAGE: u64 = 1 << 31;
@@ -79,6 +84,7 @@ pub struct RcEngine {
     cfg: RcConfig,
     req: Requester,
     resp: Responder,
+    keepalive: Keepalive,
     stats: RcStats,
     /// Why the QP went to ERR, once it did.
     error: Option<RcError>,
@@ -98,6 +104,7 @@ impl RcEngine {
         RcEngine {
             req: Requester::new(&cfg),
             resp: Responder::new(&cfg),
+            keepalive: Keepalive::new(cfg.keepalive),
             qp,
             cfg,
             stats: RcStats::default(),
@@ -131,6 +138,7 @@ impl RcEngine {
             self.stats.dropped_invalid += 1;
             return;
         }
+        self.keepalive.heard(now);
         let op = bth.opcode;
         let result = if op.is_ud() {
             self.stats.dropped_invalid += 1;
@@ -170,6 +178,9 @@ impl RcEngine {
                 Ok(true) => {
                     self.responses_first = !responses;
                     self.stats.tx_packets += 1;
+                    if !responses {
+                        self.keepalive.busy();
+                    }
                     return true;
                 }
                 Ok(false) => {}
@@ -178,6 +189,19 @@ impl RcEngine {
                     return self.transmit_final(out);
                 }
             }
+        }
+        if !self.req.idle() {
+            self.keepalive.busy();
+            return false;
+        }
+        if matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+            self.keepalive.start(now);
+        }
+        let (una, dest, pkey) = (self.req.una, self.cfg.dest_qpn, self.cfg.pkey);
+        if self.keepalive.poll_transmit(una, dest, pkey, out) {
+            self.stats.keepalive_probes += 1;
+            self.stats.tx_packets += 1;
+            return true;
         }
         false
     }
@@ -195,24 +219,54 @@ impl RcEngine {
         }
     }
 
-    /// When [`RcEngine::handle_timeout`] should next be called (ACK timeout or end of an RNR
-    /// wait), if ever.
+    /// When [`RcEngine::handle_timeout`] should next be called (ACK timeout, end of an RNR
+    /// wait, keepalive), if ever: the earlier of [`RcEngine::transport_timeout`] and
+    /// [`RcEngine::keepalive_due`].
     pub fn poll_timeout(&self) -> Option<Instant> {
+        earliest(self.transport_timeout(), self.keepalive_due())
+    }
+
+    /// The requester's ACK timeout or RNR wait, or the resend of an unanswered keepalive
+    /// probe: every deadline except [`RcEngine::keepalive_due`].
+    pub fn transport_timeout(&self) -> Option<Instant> {
         if self.flushed || self.reset {
             return None;
         }
-        self.req.poll_timeout()
+        if self.req.idle() {
+            earliest(
+                self.req.poll_timeout(),
+                self.keepalive.retry_deadline(self.req.cfg.ack_timeout),
+            )
+        } else {
+            self.req.poll_timeout()
+        }
+    }
+
+    /// When this QP, idle and silent since, sends its first keepalive probe. A driver with
+    /// many QPs may round it up to batch its timers: the probe goes out at the first
+    /// [`RcEngine::handle_timeout`] at or after it.
+    pub fn keepalive_due(&self) -> Option<Instant> {
+        if self.flushed || self.reset || !self.req.idle() || !matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        self.keepalive.due(self.req.cfg.ack_timeout)
     }
 
     /// Processes expired timers: retransmission after an ACK timeout (or RETRY_EXC_ERR when
-    /// the retries are used up), resumption after an RNR wait.
+    /// the retries are used up), resumption after an RNR wait, keepalive probes (or
+    /// [`RcError::PeerUnresponsive`] when they go unanswered).
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.stopped() {
             return;
         }
-        if let Err(e) = self.req.handle_timeout(now, &self.qp, &mut self.stats) {
-            if matches!(e, RcError::RetryExceeded { .. }) {
-                tracing::debug!(qpn = self.qp.qpn, error = %e, "RC transport retries exhausted");
+        let mut result = self.req.handle_timeout(now, &self.qp, &mut self.stats);
+        if result.is_ok() && self.req.idle() && matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+            let (timeout, retries) = (self.req.cfg.ack_timeout, self.req.cfg.retry_cnt);
+            result = self.keepalive.on_timeout(now, timeout, retries);
+        }
+        if let Err(e) = result {
+            if e.peer_lost() {
+                tracing::debug!(qpn = self.qp.qpn, error = %e, "RC peer lost");
             }
             self.fail(e);
         }
@@ -224,11 +278,12 @@ impl RcEngine {
     /// (`sq_psn` if nothing was sent yet, `timeout`, `retry_cnt`, `rnr_retry`,
     /// `max_rd_atomic`, `min_rnr_timer`) are taken from the QP, so an engine created at RTR
     /// starts sending correctly; new work is then picked up by `poll_transmit`.
-    pub fn sync_state(&mut self, _now: Instant) {
+    pub fn sync_state(&mut self, now: Instant) {
         if self.stopped() {
             return;
         }
         if matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+            self.keepalive.start(now);
             let attr = self.qp.attr();
             self.req.apply_rts_attrs(&attr);
             self.resp.cfg.min_rnr_timer = attr.min_rnr_timer & 0x1f;

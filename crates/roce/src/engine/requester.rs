@@ -309,6 +309,11 @@ impl Requester {
         self.ack_timer.stop();
     }
 
+    /// True when no WR is in flight or queued here (the send queue may still hold some).
+    pub(crate) fn idle(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     /// True while RNR-waiting.
     pub(super) fn rnr_waiting(&self) -> bool {
         self.rnr_until.is_some()

@@ -79,6 +79,8 @@ pub struct RcStats {
     /// Packets dropped as invalid without a reply: wrong P_Key or QP, headers that do not
     /// match the opcode, inconsistent padding, malformed responses.
     pub dropped_invalid: u64,
+    /// Keepalive probes sent by the idle QP (first probes and resends).
+    pub keepalive_probes: u64,
 }
 
 /// Counters of one UD engine.

@@ -6,16 +6,22 @@
 //! Its port `P` doubles as a QPN home port: a victim QP connected (RTR) to `make_qpn(P, i)`
 //! sends its ACKs and NAKs straight here (same-host delivery goes to the owner's home port),
 //! and a CM communication ID with low 16 bits `P` gets its replies forwarded here.
+//!
+//! Idle victim QPs probe the peer they are connected to (keepalive: a duplicate zero-length
+//! RDMA WRITE). The peer answers those like any IBTA responder, with an ACK, for the victims
+//! registered with [`RawPeer::answer_probes`], and keeps them out of what `recv` returns.
 
 #![allow(dead_code)]
 
 use softrdma_wire::ibcm::{CmMad, MAD_LEN};
 use softrdma_wire::roce::*;
+use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The driver's forwarding header: magic, family, source IP/port, destination IP/port.
@@ -63,6 +69,8 @@ pub struct RawPeer {
     /// Its address.
     pub ip: Ipv4Addr,
     psn: u32,
+    /// Keepalive probes to answer: this peer's QPN → the victim QPN connected to it.
+    probed: Mutex<HashMap<u32, u32>>,
 }
 
 impl RawPeer {
@@ -83,7 +91,13 @@ impl RawPeer {
         };
         assert_eq!(r, 0, "IP_MTU_DISCOVER: {}", std::io::Error::last_os_error());
         let port = sock.local_addr().unwrap().port();
-        RawPeer { sock, port, ip, psn: 0 }
+        RawPeer {
+            sock,
+            port,
+            ip,
+            psn: 0,
+            probed: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Marks the peer's port as a softrdma home port (the abstract socket the driver's
@@ -173,12 +187,46 @@ impl RawPeer {
                 Ok(t) => t.to_vec(),
                 Err(e) => panic!("datagram from {src} (forwarded {forwarded}) with a bad ICRC: {e}"),
             };
+            if !forwarded && self.answer_probe(&transport, src) {
+                continue;
+            }
             return Some(Received {
                 transport,
                 forwarded,
                 src,
             });
         }
+    }
+
+    /// Answers keepalive probes that victim QP `victim` sends to this peer's QPN `mine`.
+    pub fn answer_probes(&self, mine: u32, victim: u32) {
+        self.probed.lock().unwrap().insert(mine, victim);
+    }
+
+    /// If `transport` is a keepalive probe for a registered QPN, ACKs it and says so.
+    fn answer_probe(&self, transport: &[u8], src: SocketAddrV4) -> bool {
+        let Ok(p) = RocePacket::parse(transport) else {
+            return false;
+        };
+        let h = &p.headers;
+        let probe =
+            h.bth.opcode == RoceOpcode::RcWriteOnly && p.payload.is_empty() && h.reth.is_some_and(|r| r.dma_len == 0);
+        let Some(victim) = self
+            .probed
+            .lock()
+            .unwrap()
+            .get(&h.bth.dest_qp)
+            .copied()
+            .filter(|_| probe)
+        else {
+            return false;
+        };
+        let mut ack = RoceHeaders::new(Bth::new(RoceOpcode::RcAck, victim, h.bth.psn));
+        ack.aeth = Some(Aeth::ack(0, AETH_CREDITS_INVALID));
+        let mut t = Vec::new();
+        ack.emit(&[], &mut t);
+        self.send(src.port(), &t, false);
+        true
     }
 
     /// Everything that arrives within `wait`.

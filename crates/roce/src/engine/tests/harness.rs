@@ -69,6 +69,8 @@ pub(super) struct Opts {
     pub window: u32,
     pub srq: bool,
     pub max_send_wr: u32,
+    /// Keepalive interval (off unless a test turns it on).
+    pub keepalive: Option<Duration>,
 }
 
 impl Default for Opts {
@@ -88,6 +90,7 @@ impl Default for Opts {
             window: 64,
             srq: false,
             max_send_wr: 512,
+            keepalive: None,
         }
     }
 }
@@ -270,6 +273,7 @@ pub(super) fn rc_pair_with(oa: Opts, ob: Opts) -> (Node, Node) {
         let (_, attr, _) = qp.query();
         let cfg = RcConfig {
             window: o.window,
+            keepalive: o.keepalive,
             ..RcConfig::from_qp_attr(qp.qpn(), &attr, o.mtu)
         };
         let engine = RcEngine::new(qp.inner().clone(), cfg);

@@ -6,6 +6,7 @@ mod harness;
 mod net;
 mod rc_basic;
 mod rc_errors;
+mod rc_keepalive;
 mod rc_lossy;
 mod rc_recovery;
 mod ud;
