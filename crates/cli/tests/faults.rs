@@ -257,6 +257,9 @@ fn link_down_for_two_seconds_and_back() {
         "2",
         "--max-batches",
         "0",
+        // No deliberate abort at the end: its flushed WRs would hide one the outage caused.
+        "--abort-pct",
+        "0",
         "--max-size",
         "65536",
         "--progress",
