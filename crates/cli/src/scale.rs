@@ -676,6 +676,8 @@ fn round(
                     private_data: pd,
                     responder_resources: 1,
                     initiator_depth: 1,
+                    retry_count: 7,
+                    rnr_retry_count: 7,
                     ..ConnParam::default()
                 })?;
                 Ok(Phase::Connecting)

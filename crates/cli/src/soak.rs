@@ -901,6 +901,10 @@ fn run_connection(
         private_data: hello(HELLO_DATA, conn_seed, cfg.max),
         responder_resources: 16,
         initiator_depth: 16,
+        // The most a QP allows (as rping and perftest): over RoCE a lost packet that only
+        // the ACK timeout can recover needs at least one retry.
+        retry_count: 7,
+        rnr_retry_count: 7,
         ..ConnParam::default()
     };
     id.connect(&param).map_err(e("rdma_connect"))?;
