@@ -246,10 +246,16 @@ impl RcEngine {
     /// many QPs may round it up to batch its timers: the probe goes out at the first
     /// [`RcEngine::handle_timeout`] at or after it.
     pub fn keepalive_due(&self) -> Option<Instant> {
-        if self.flushed || self.reset || !self.req.idle() || !matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+        if self.flushed || self.reset || !self.keepalive_applies() {
             return None;
         }
         self.keepalive.due(self.req.cfg.ack_timeout)
+    }
+
+    /// True while keepalive watches the peer: the QP can send (RTS or SQD) and the requester
+    /// has nothing in flight (its ACK timer watches the peer otherwise).
+    fn keepalive_applies(&self) -> bool {
+        self.req.idle() && matches!(self.qp.state(), QpState::Rts | QpState::Sqd)
     }
 
     /// Processes expired timers: retransmission after an ACK timeout (or RETRY_EXC_ERR when
@@ -260,7 +266,7 @@ impl RcEngine {
             return;
         }
         let mut result = self.req.handle_timeout(now, &self.qp, &mut self.stats);
-        if result.is_ok() && self.req.idle() && matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
+        if result.is_ok() && self.keepalive_applies() {
             let (timeout, retries) = (self.req.cfg.ack_timeout, self.req.cfg.retry_cnt);
             result = self.keepalive.on_timeout(now, timeout, retries);
         }
