@@ -1042,8 +1042,30 @@ fn cm_attacks_on_a_live_listener() {
     for _ in 0..20_000 {
         peer.send_mad(gsi, &burst, GSI_QKEY, false);
     }
-    if let Some(r) = peer.recv(QUIET) {
-        panic!("a request beyond the backlog was answered: {:?}", r.mad());
+    // A sentinel behind the burst: a DREQ for a connection this process does not have. It
+    // joins the CM's queue behind the burst and gets its DREP (as in Linux cm.c) only when the
+    // CM reaches it, so a DREP arriving first proves the CM has worked through the burst and
+    // answered none of it. (A slow build, e.g. ASan, may take seconds; a burst REQ still
+    // queued when the backlog frees would be a legitimate new request.)
+    let sentinel = peer.comm_id(next_id());
+    let dreq = CmMad {
+        tid: u64::from(sentinel),
+        msg: CmMessage::Dreq(softrdma_wire::ibcm::Dreq {
+            local_comm_id: sentinel,
+            remote_comm_id: (0xfffe << 16) | u32::from(gsi),
+            ..Default::default()
+        }),
+    };
+    peer.send_mad(gsi, &dreq.emit(), GSI_QKEY, false);
+    let r = peer
+        .recv(Duration::from_secs(60))
+        .expect("the sentinel DREQ behind the burst got no DREP");
+    let m = r
+        .mad()
+        .unwrap_or_else(|| panic!("not a CM MAD: {:?}", r.packet().headers));
+    match m.msg {
+        CmMessage::Drep(d) if d.remote_comm_id == sentinel => {}
+        other => panic!("a request beyond the backlog was answered: {:?}", other.attr()),
     }
     no_event(&chs, "burst beyond the backlog");
     honest.progress("REQ flood");

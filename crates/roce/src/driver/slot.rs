@@ -363,6 +363,12 @@ impl RoceQp {
 impl QpDriver for RoceQp {
     fn kick(&self) {
         if let Ok(ep) = self.endpoint() {
+            // A move to ERR is handled on the caller's thread: the ACK this QP owes for
+            // messages already completed here leaves before the caller's next step (the
+            // DREQ of rdma_disconnect), so the peer sees its SEND complete, not flushed.
+            if self.slot.qp().is_some_and(|q| q.state() == QpState::Err) {
+                self.slot.on_kick(&ep);
+            }
             ep.kick(self.slot.qpn);
         }
     }

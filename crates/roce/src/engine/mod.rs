@@ -44,7 +44,7 @@ pub use ud::{UdEngine, UdSource, UdTransmit, GRH_LEN};
 use config::pkey_matches;
 use keepalive::Keepalive;
 use requester::Requester;
-use responder::Responder;
+use responder::{KeepReplies, Responder};
 use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::QpState;
 use softrdma_wire::roce::{pad_len, RocePacket};
@@ -335,7 +335,7 @@ impl RcEngine {
             QpState::Reset => {
                 self.reset = true;
                 self.req.discard();
-                self.resp.abort(false);
+                self.resp.abort(KeepReplies::Nothing);
                 true
             }
             _ => self.flushed,
@@ -345,13 +345,17 @@ impl RcEngine {
     /// Moves the QP to ERR: the failed WR (if any) has completed already; in-flight WRs flush,
     /// then the queued ones, then the receive side.
     fn fail(&mut self, e: RcError) {
-        let keep_nak = matches!(e, RcError::Rejected { .. });
+        let keep = match e {
+            RcError::Rejected { .. } => KeepReplies::FinalNak,
+            RcError::Flushed => KeepReplies::OwedAck,
+            _ => KeepReplies::Nothing,
+        };
         if !matches!(e, RcError::Flushed) {
             tracing::debug!(qpn = self.qp.qpn, error = %e, "RC QP to error state");
         }
         self.req.flush(&self.qp);
         let (sends, recvs) = self.qp.enter_error();
-        let mut all_recvs: Vec<_> = self.resp.abort(keep_nak).into_iter().collect();
+        let mut all_recvs: Vec<_> = self.resp.abort(keep).into_iter().collect();
         all_recvs.extend(recvs);
         self.qp.flush(sends, all_recvs);
         self.error.get_or_insert(e);

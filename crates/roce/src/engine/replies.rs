@@ -137,6 +137,17 @@ impl Replies {
         self.queue.extend(final_nak);
     }
 
+    /// The application moved the QP to ERR: keeps only an ACK at the head of the queue. The
+    /// messages it acknowledges are executed and completed here already; without it their
+    /// requester would flush WRs its peer received.
+    pub(crate) fn keep_owed_ack(&mut self) {
+        let ack = match self.queue.front() {
+            Some(r @ Reply::Ack { .. }) => Some(r.clone()),
+            _ => None,
+        };
+        self.reset(ack);
+    }
+
     /// Writes the next response packet into `out`. Ok(false): nothing queued.
     /// Err: a READ's source memory could not be read (the PSN of that response).
     pub(crate) fn emit_next(

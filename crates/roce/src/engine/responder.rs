@@ -79,8 +79,20 @@ pub(crate) enum Step {
     Rnr,
 }
 
+/// What a failing QP still sends of its queued replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeepReplies {
+    /// Nothing (reset, or the peer is gone).
+    Nothing,
+    /// The NAK of the request that failed the QP (queued already).
+    FinalNak,
+    /// An ACK at the head of the queue (the application moved the QP to ERR).
+    OwedAck,
+}
+
 /// The receive side of an RC QP.
 #[derive(Debug)]
+
 pub(crate) struct Responder {
     /// Expected PSN.
     pub(super) epsn: Psn,
@@ -282,10 +294,12 @@ impl Responder {
     }
 
     /// The QP failed: hands back the receive WR of a message in progress (to flush first)
-    /// and drops the replies, except the final NAK when `keep_nak`.
-    pub(crate) fn abort(&mut self, keep_nak: bool) -> Option<RecvWr> {
-        if !keep_nak {
-            self.replies.reset(None);
+    /// and drops the replies, except what `keep` names.
+    pub(crate) fn abort(&mut self, keep: KeepReplies) -> Option<RecvWr> {
+        match keep {
+            KeepReplies::FinalNak => {}
+            KeepReplies::OwedAck => self.replies.keep_owed_ack(),
+            KeepReplies::Nothing => self.replies.reset(None),
         }
         self.history.clear();
         self.cur.take().and_then(InMessage::into_recv)

@@ -6,6 +6,7 @@ use super::net::{NetCfg, Sim};
 use crate::engine::{RcError, RequestError};
 use softrdma_verbs::mr::KeyError;
 use softrdma_verbs::*;
+use softrdma_wire::roce::{RoceOpcode, RocePacket};
 use std::time::Duration;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -304,4 +305,33 @@ fn application_error_flushes_in_flight_then_queued() {
     let mut out = Vec::new();
     assert!(!a.engine.poll_transmit(sim.now, &mut out));
     assert!(out.is_empty());
+}
+
+#[test]
+fn owed_ack_leaves_after_the_application_moves_the_responder_to_error() {
+    let (mut a, mut b) = rc_pair(Opts::default());
+    let sim = Sim::new(NetCfg::default(), 16);
+    let dst = b.mr(64, Access::LOCAL_WRITE);
+    b.qp.post_recv_one(50, dst.sge(0, 64)).unwrap();
+    let src = a.mr(64, Access::LOCAL_WRITE);
+    src.write(0, b"pong").unwrap();
+    a.qp.post_send_one(SendWr::send(7, vec![src.sge(0, 4)])).unwrap();
+    a.engine.sync_state(sim.now);
+    let mut out = Vec::new();
+    assert!(a.engine.poll_transmit(sim.now, &mut out));
+    b.engine.handle_packet(sim.now, &RocePacket::parse(&out).unwrap());
+    b.collect();
+    // B's application sees the message and disconnects before B's ACK went out.
+    assert_eq!(b.recv_status(), vec![(50, WcStatus::Success)]);
+    b.modify_to_error(&sim);
+    assert!(!b.engine.is_closed(), "the owed ACK is still queued");
+    let mut ack = Vec::new();
+    assert!(b.engine.poll_transmit(sim.now, &mut ack), "the owed ACK goes out");
+    let pkt = RocePacket::parse(&ack).unwrap();
+    assert_eq!(pkt.headers.bth.opcode, RoceOpcode::RcAck);
+    assert!(!b.engine.poll_transmit(sim.now, &mut out), "nothing after it");
+    assert!(b.engine.is_closed());
+    a.engine.handle_packet(sim.now, &pkt);
+    a.collect();
+    assert_eq!(a.send_status(), vec![(7, WcStatus::Success)]);
 }
