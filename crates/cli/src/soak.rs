@@ -729,7 +729,6 @@ fn client(args: &SoakArgs, dst: SocketAddr, server: Option<Arc<ServerStats>>) ->
     }
 }
 
-/// Connections an in-process server still holds (accepted minus torn down).
 /// Resolves `dst`, creates a QP on its device and tears everything down again.
 fn open_device_once(dst: SocketAddr) -> Result<(), String> {
     let e = |what: &'static str| move |err: softrdma_verbs::Error| format!("{what}: {err}");
@@ -748,6 +747,7 @@ fn open_device_once(dst: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// Connections an in-process server still holds (accepted minus torn down).
 fn server_live(s: &ServerStats) -> u64 {
     s.conns
         .load(Ordering::Relaxed)

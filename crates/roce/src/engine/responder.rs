@@ -92,7 +92,6 @@ pub(crate) enum KeepReplies {
 
 /// The receive side of an RC QP.
 #[derive(Debug)]
-
 pub(crate) struct Responder {
     /// Expected PSN.
     pub(super) epsn: Psn,
