@@ -137,6 +137,22 @@ impl Replies {
         self.queue.extend(final_nak);
     }
 
+    /// A READ is being replayed from `psn`: queued READ responses whose PSN range holds it are
+    /// dropped, sent or not. The requester restarts at `psn` because it has everything before
+    /// it, and it discards every response of the old stream from there on, so sending them only
+    /// delays the replay (as Linux rxe, which redirects the stream to the replayed range).
+    pub(crate) fn end_reads_covering(&mut self, psn: Psn) {
+        let mut dropped_originals = 0;
+        self.queue.retain(|r| match r {
+            Reply::Read(rr) if psn.in_range(rr.first_psn, rr.npkts) => {
+                dropped_originals += u32::from(rr.original);
+                false
+            }
+            _ => true,
+        });
+        self.originals = self.originals.saturating_sub(dropped_originals);
+    }
+
     /// The application moved the QP to ERR: keeps only an ACK at the head of the queue. The
     /// messages it acknowledges are executed and completed here already; without it their
     /// requester would flush WRs its peer received.

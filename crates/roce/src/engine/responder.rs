@@ -225,6 +225,7 @@ impl Responder {
                         }
                     }
                 };
+                self.replies.end_reads_covering(psn);
                 self.replies.push(Reply::Read(ReadReply {
                     target,
                     len: reth.dma_len,

@@ -5,7 +5,7 @@ use super::harness::{pattern, rc_pair, timeout_of, Opts};
 use super::net::{NetCfg, Sim};
 use crate::engine::{rnr_timer, RcError};
 use softrdma_verbs::*;
-use softrdma_wire::roce::{AethKind, NakCode, RoceOpcode};
+use softrdma_wire::roce::{AethKind, NakCode, Reth, RoceOpcode, RocePacket};
 use std::time::Duration;
 
 const SEC: Duration = Duration::from_secs(1);
@@ -391,4 +391,54 @@ fn every_packet_duplicated() {
     assert_eq!(b.engine.stats().atomics_executed, 1);
     assert!(b.engine.stats().duplicates > 0);
     assert!(a.engine.stats().stale_responses > 0);
+}
+
+#[test]
+fn replayed_read_ends_the_stale_response_stream() {
+    let mtu = 256;
+    let (mut a, mut b) = rc_pair(Opts { mtu, ..Opts::default() });
+    let sim = Sim::new(NetCfg::default(), 27);
+    let npkts = 64;
+    let len = mtu * npkts;
+    let remote = b.mr(len, all());
+    remote.write(0, &pattern(len, 9)).unwrap();
+    let sink = a.mr(len, Access::LOCAL_WRITE);
+    a.qp.post_send_one(SendWr::read(
+        1,
+        vec![sink.sge(0, len as u32)],
+        remote.addr(),
+        remote.rkey(),
+    ))
+    .unwrap();
+    a.engine.sync_state(sim.now);
+    let mut req = Vec::new();
+    assert!(a.engine.poll_transmit(sim.now, &mut req));
+    let first = RocePacket::parse(&req).unwrap().headers;
+    b.engine.handle_packet(sim.now, &RocePacket::parse(&req).unwrap());
+    // Five responses leave; the requester lost the 3rd and asks again from there.
+    let mut out = Vec::new();
+    for _ in 0..5 {
+        assert!(b.engine.poll_transmit(sim.now, &mut out));
+    }
+    let mut again = first;
+    let reth = first.reth.unwrap();
+    again.bth.psn = (first.bth.psn + 2) & 0xff_ffff;
+    again.reth = Some(Reth {
+        va: reth.va + 2 * mtu as u64,
+        rkey: reth.rkey,
+        dma_len: reth.dma_len - 2 * mtu as u32,
+    });
+    let mut dup = Vec::new();
+    again.emit(&[], &mut dup);
+    b.engine.handle_packet(sim.now, &RocePacket::parse(&dup).unwrap());
+    let mut rest = Vec::new();
+    while b.engine.poll_transmit(sim.now, &mut out) {
+        let p = RocePacket::parse(&out).unwrap();
+        rest.push((p.opcode(), p.headers.bth.psn));
+    }
+    // Only the replay follows: FIRST at the requested PSN, then the rest of the READ once.
+    assert_eq!(rest.len(), npkts - 2, "{rest:?}");
+    assert_eq!(rest[0], (RoceOpcode::RcReadResponseFirst, again.bth.psn));
+    assert_eq!(rest.last().unwrap().0, RoceOpcode::RcReadResponseLast);
+    assert_eq!(b.engine.stats().read_responses_sent, 5 + npkts as u64 - 2);
 }
