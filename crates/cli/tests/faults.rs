@@ -330,7 +330,8 @@ fn lossy(hosts: &NsPair, percent: u32) {
          chain out {{ type filter hook output priority 0; policy accept; numgen random mod 100 < {percent} counter drop; }}\n\
          }}\n"
     );
-    let file = std::env::temp_dir().join(format!("softrdma-loss-{}.nft", std::process::id()));
+    // One file per namespace: the loss tests of both transports run in parallel in this process.
+    let file = std::env::temp_dir().join(format!("softrdma-loss-{}.nft", hosts.b));
     std::fs::write(&file, rules).expect("write the nft rules");
     let f = file.to_string_lossy().to_string();
     let r = common::lan::sh(&["ip", "netns", "exec", &hosts.b, "nft", "-f", &f]);
