@@ -840,7 +840,12 @@ fn cma(src_port: u16) -> Option<CmaHeader> {
 
 /// The next MAD forwarded to the attacker.
 fn expect_mad(peer: &RawPeer, what: &str) -> CmMad {
-    let r = peer.recv(WAIT).unwrap_or_else(|| panic!("{what}: no MAD"));
+    expect_mad_within(peer, WAIT, what)
+}
+
+/// The next MAD forwarded to the attacker within `wait`.
+fn expect_mad_within(peer: &RawPeer, wait: Duration, what: &str) -> CmMad {
+    let r = peer.recv(wait).unwrap_or_else(|| panic!("{what}: no MAD"));
     r.mad()
         .unwrap_or_else(|| panic!("{what}: not a CM MAD: {:?}", r.packet().headers))
 }
@@ -1057,12 +1062,7 @@ fn cm_attacks_on_a_live_listener() {
         }),
     };
     peer.send_mad(gsi, &dreq.emit(), GSI_QKEY, false);
-    let r = peer
-        .recv(Duration::from_secs(60))
-        .expect("the sentinel DREQ behind the burst got no DREP");
-    let m = r
-        .mad()
-        .unwrap_or_else(|| panic!("not a CM MAD: {:?}", r.packet().headers));
+    let m = expect_mad_within(&peer, Duration::from_secs(60), "the sentinel DREQ behind the burst");
     match m.msg {
         CmMessage::Drep(d) if d.remote_comm_id == sentinel => {}
         other => panic!("a request beyond the backlog was answered: {:?}", other.attr()),

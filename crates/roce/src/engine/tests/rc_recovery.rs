@@ -1,7 +1,7 @@
 //! Recovery paths, each provoked precisely: sequence NAK and go-back-N, RNR NAK and its
 //! retries, ACK timeouts against a dead peer, duplicate READ replay and duplicate atomics.
 
-use super::harness::{pattern, rc_pair, timeout_of, Opts};
+use super::harness::{pattern, rc_pair, timeout_of, Node, Opts};
 use super::net::{NetCfg, Sim};
 use crate::engine::{rnr_timer, RcError};
 use softrdma_verbs::*;
@@ -12,6 +12,22 @@ const SEC: Duration = Duration::from_secs(1);
 
 fn all() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+}
+
+/// B's `len`-byte MR filled with `pattern(len, seed)` and A's sink of the same size, with A's
+/// READ (wr_id 1) of all of it posted. Returns (remote, sink).
+fn post_whole_read(a: &Node, b: &Node, len: usize, seed: u8) -> (Mr, Mr) {
+    let remote = b.mr(len, all());
+    remote.write(0, &pattern(len, seed)).unwrap();
+    let sink = a.mr(len, Access::LOCAL_WRITE);
+    a.qp.post_send_one(SendWr::read(
+        1,
+        vec![sink.sge(0, len as u32)],
+        remote.addr(),
+        remote.rkey(),
+    ))
+    .unwrap();
+    (remote, sink)
 }
 
 /// A filter dropping the first packet (in direction `to_b`) that `pick` selects.
@@ -224,16 +240,7 @@ fn lost_read_response_is_replayed_from_memory() {
         true
     }));
     let len = 256 * 6;
-    let remote = b.mr(len, all());
-    remote.write(0, &pattern(len, 6)).unwrap();
-    let sink = a.mr(len, Access::LOCAL_WRITE);
-    a.qp.post_send_one(SendWr::read(
-        1,
-        vec![sink.sge(0, len as u32)],
-        remote.addr(),
-        remote.rkey(),
-    ))
-    .unwrap();
+    let (_remote, sink) = post_whole_read(&a, &b, len, 6);
     assert!(sim.run(&mut a, &mut b, SEC, |a, _| a.send_wcs().len() == 1));
     assert_eq!(a.send_status(), vec![(1, WcStatus::Success)]);
     assert_eq!(sink.to_vec(), pattern(len, 6));
@@ -262,11 +269,7 @@ fn lost_last_read_response_recovers_by_timeout_and_replay() {
     let (mut a, mut b) = rc_pair(o);
     let mut sim = Sim::new(NetCfg::default(), 27);
     sim.filter = Some(drop_once(false, |op, _| op == RoceOpcode::RcReadResponseOnly));
-    let remote = b.mr(100, all());
-    remote.write(0, &pattern(100, 1)).unwrap();
-    let sink = a.mr(100, Access::LOCAL_WRITE);
-    a.qp.post_send_one(SendWr::read(1, vec![sink.sge(0, 100)], remote.addr(), remote.rkey()))
-        .unwrap();
+    let (_remote, sink) = post_whole_read(&a, &b, 100, 1);
     assert!(sim.run(&mut a, &mut b, SEC, |a, _| a.send_wcs().len() == 1));
     assert_eq!(sink.to_vec(), pattern(100, 1));
     assert_eq!(a.engine.stats().timeouts, 1);
@@ -400,16 +403,7 @@ fn replayed_read_ends_the_stale_response_stream() {
     let sim = Sim::new(NetCfg::default(), 27);
     let npkts = 64;
     let len = mtu * npkts;
-    let remote = b.mr(len, all());
-    remote.write(0, &pattern(len, 9)).unwrap();
-    let sink = a.mr(len, Access::LOCAL_WRITE);
-    a.qp.post_send_one(SendWr::read(
-        1,
-        vec![sink.sge(0, len as u32)],
-        remote.addr(),
-        remote.rkey(),
-    ))
-    .unwrap();
+    let (_remote, _sink) = post_whole_read(&a, &b, len, 9);
     a.engine.sync_state(sim.now);
     let mut req = Vec::new();
     assert!(a.engine.poll_transmit(sim.now, &mut req));
