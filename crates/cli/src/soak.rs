@@ -212,6 +212,18 @@ pub(crate) fn reactor_sources() -> u64 {
         .unwrap_or(0)
 }
 
+/// Fixes glibc's mmap threshold at its 128 KiB default. Otherwise the first free of a large
+/// block raises the threshold to that block's size, later MR buffers of that size come from
+/// the heap and stay resident after they are freed, and RSS steps up once mid-run with no
+/// leak behind it. Fixed, every buffer above 128 KiB is mapped and unmapped with its MR, so
+/// RSS follows live memory and the flat-memory check measures what it means to.
+fn pin_mmap_threshold() {
+    // SAFETY: mallopt only sets an allocator parameter; M_MMAP_THRESHOLD takes a byte count.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
 /// Raises RLIMIT_NOFILE to its hard limit; returns the new soft limit.
 pub(crate) fn raise_nofile() -> u64 {
     let mut rl = libc::rlimit {
@@ -443,6 +455,7 @@ pub fn run(args: &SoakArgs) -> crate::CmdResult {
         return Err("soak: --ops needs at least one of send, write, read".into());
     }
     raise_nofile();
+    pin_mmap_threshold();
     if args.server {
         let stats = Arc::new(ServerStats::default());
         let bind = SocketAddr::new(args.bind, args.port);
@@ -539,7 +552,7 @@ fn client(args: &SoakArgs, dst: SocketAddr, server: Option<Arc<ServerStats>>) ->
     }
     // The device's process-wide resources (the soft-RoCE endpoint's sockets) are opened by the
     // first QP and live as long as the process: open them before the baseline.
-    open_device_once(dst).map_err(|e| format!("soak: opening the device for {dst}: {e}"))?;
+    let device = open_device_once(dst).map_err(|e| format!("soak: opening the device for {dst}: {e}"))?;
     let fds_before = fd_count();
     let sources_before = reactor_sources();
     let rss_start = rss_kib();
@@ -669,6 +682,7 @@ fn client(args: &SoakArgs, dst: SocketAddr, server: Option<Arc<ServerStats>>) ->
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let summary = serde_json::json!({
         "seed": seed,
+        "device": device,
         "seconds": run_time.as_secs_f64(),
         "qps": args.qps,
         "connections": load(&st.conns),
@@ -729,14 +743,16 @@ fn client(args: &SoakArgs, dst: SocketAddr, server: Option<Arc<ServerStats>>) ->
     }
 }
 
-/// Resolves `dst`, creates a QP on its device and tears everything down again.
-fn open_device_once(dst: SocketAddr) -> Result<(), String> {
+/// Resolves `dst`, creates a QP on its device and tears everything down again; returns the
+/// device's name.
+fn open_device_once(dst: SocketAddr) -> Result<String, String> {
     let e = |what: &'static str| move |err: softrdma_verbs::Error| format!("{what}: {err}");
     let ch = EventChannel::new().map_err(e("rdma_create_event_channel"))?;
     let id = CmId::create(Some(&ch), PortSpace::Tcp).map_err(e("rdma_create_id"))?;
     id.resolve_addr(None, dst, 2000).map_err(e("rdma_resolve_addr"))?;
     drop(expect_event(&ch, EventType::AddrResolved, OP_TIMEOUT)?);
     let ctx = id.context().ok_or("the resolved id has no device")?;
+    let device = ctx.device().name.clone();
     let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
     let cq = ctx.create_cq(8, None).map_err(e("create_cq"))?;
     id.create_qp(&pd, qp_init(&cq, 2, 2)).map_err(e("rdma_create_qp"))?;
@@ -744,7 +760,7 @@ fn open_device_once(dst: SocketAddr) -> Result<(), String> {
     id.destroy().map_err(e("rdma_destroy_id"))?;
     cq.destroy().map_err(e("destroy_cq"))?;
     pd.dealloc().map_err(e("dealloc_pd"))?;
-    Ok(())
+    Ok(device)
 }
 
 /// Connections an in-process server still holds (accepted minus torn down).

@@ -365,7 +365,7 @@ fn dropped(hosts: &NsPair) -> u64 {
 
 #[test]
 fn two_percent_loss_transfer_verified() {
-    loss_transfer("ls", "iWARP", &[], &[]);
+    loss_transfer("ls", "siw_", &[], &[]);
 }
 
 /// The same over soft-RoCE: go-back-N retransmission (NAK on a PSN gap, the ACK timeout for a
@@ -374,12 +374,13 @@ fn two_percent_loss_transfer_verified() {
 #[test]
 fn two_percent_loss_transfer_verified_over_roce() {
     let ack = ["--ack-timeout", "14"];
-    loss_transfer("lr", "soft-RoCE", &["SOFTRDMA_TRANSPORTS=roce"], &ack);
+    loss_transfer("lr", "rxe_", &["SOFTRDMA_TRANSPORTS=roce"], &ack);
 }
 
 /// A 1 GiB soak (`SOFTRDMA_LOSS_TEST_MIB` MiB) between two namespaces, 2 % of packets dropped
-/// in each direction; `env` and `extra` (soak arguments) go to both processes.
-fn loss_transfer(tag: &str, transport: &str, env: &[&str], extra: &[&str]) {
+/// in each direction, on a device whose name starts with `device` (`siw_`, `rxe_`); `env` and
+/// `extra` (soak arguments) go to both processes.
+fn loss_transfer(tag: &str, device: &str, env: &[&str], extra: &[&str]) {
     let Some(hosts) = pair_or_skip(tag) else { return };
     // 1 GiB; `SOFTRDMA_LOSS_TEST_MIB` shortens it where only memory safety is checked
     // (scripts/asan.sh).
@@ -423,12 +424,17 @@ fn loss_transfer(tag: &str, transport: &str, env: &[&str], extra: &[&str]) {
     assert!(status.success(), "{out}\n--- server:\n{}", server.output());
     let v = soak_summary(&out);
     assert_soak_clean("2 % loss", &v, &out, &mut server);
+    let used = v["device"].as_str().unwrap_or_default();
+    assert!(
+        used.starts_with(device),
+        "the transfer ran on {used:?}, not a {device}* device: {v}"
+    );
     let moved = v["bytes"].as_u64().unwrap_or(0);
     assert!(moved >= bytes, "only {moved} of {bytes} bytes moved: {v}");
     let drops = dropped(&hosts);
     assert!(drops > 100, "the loss rules dropped only {drops} packets");
     eprintln!(
-        "2 % loss over {transport}: {moved} bytes (SEND/WRITE/READ) in {:?}, {drops} packets dropped, server verified {} bytes, 0 mismatches",
+        "2 % loss over {used}: {moved} bytes (SEND/WRITE/READ) in {:?}, {drops} packets dropped, server verified {} bytes, 0 mismatches",
         started.elapsed(),
         v["server"]["verified_bytes"]
     );
