@@ -1,5 +1,5 @@
 //! The wire oracle: a capture of `softrdma perf` traffic (SEND, WRITE, READ; FPDUs split across
-//! segments) must pass `../shared/wirecheck/wirecheck --expect iwarp`, with MPA CRC on and off.
+//! segments) must pass `tools/wirecheck/wirecheck --expect iwarp`, with MPA CRC on and off.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::process::Command;
 fn wirecheck() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/wirecheck/wirecheck"
+        "/../../tools/wirecheck/wirecheck"
     ))
 }
 
@@ -77,7 +77,7 @@ fn captures_pass_wirecheck_with_and_without_crc() {
             std::env::var("CI").is_err(),
             "CI must run the wire check: dumpcap/wirecheck missing or not root"
         );
-        eprintln!("SKIP: wirecheck needs root, dumpcap (tshark) and ../shared/wirecheck");
+        eprintln!("SKIP: wirecheck needs root and dumpcap (tshark)");
         return;
     }
     capture(true);
