@@ -90,6 +90,13 @@ const LOSS: &[Case] = &[
 ];
 const LOSS_PERCENT: &str = "2";
 
+/// Peer death: a 30 s WRITE stream whose kernel side is killed (-9) after 4 s; softrdma's
+/// client must end with an error within 30 s (flushed or retry-exceeded completions), not hang.
+const KILL: &[Case] = &[
+    case("iw-write-bw-long", Transport::Siw, Wire::Iwarp),
+    case("roce-write-bw-long", Transport::Rxe, Wire::RoceCm),
+];
+
 const DIRS: [(&str, &str); 2] = [("kernel_server", "k2s"), ("softrdma_server", "s2k")];
 
 fn repo() -> PathBuf {
@@ -114,10 +121,19 @@ fn env_of(run: &Run) -> Vec<(&'static str, String)> {
     vec![
         ("KPEER_RUN", run.dir.display().to_string()),
         ("KPEER_NS", run.ns.clone()),
-        ("KPEER_ACCEL", std::env::var("KPEER_ACCEL").unwrap_or_else(|_| "tcg".into())),
+        (
+            "KPEER_ACCEL",
+            std::env::var("KPEER_ACCEL").unwrap_or_else(|_| "tcg".into()),
+        ),
         ("SOFTRDMA_DROPIN", common::dropin_dir().display().to_string()),
-        ("KPEER_T_SRV", std::env::var("KPEER_T_SRV").unwrap_or_else(|_| "90".into())),
-        ("KPEER_T_CLI", std::env::var("KPEER_T_CLI").unwrap_or_else(|_| "75".into())),
+        (
+            "KPEER_T_SRV",
+            std::env::var("KPEER_T_SRV").unwrap_or_else(|_| "90".into()),
+        ),
+        (
+            "KPEER_T_CLI",
+            std::env::var("KPEER_T_CLI").unwrap_or_else(|_| "75".into()),
+        ),
     ]
 }
 
@@ -195,23 +211,33 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn run_case(case: &Case, dir: &str, loss: bool) -> Result<(), Failed> {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Matrix,
+    Loss,
+    Kill,
+}
+
+fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
     let mut guard = RUN.lock().unwrap_or_else(|p| p.into_inner());
     let run = guard.as_mut().ok_or("no run state")?;
     ensure_guest(run, case.transport)?;
     let sh = harness().join("run-case.sh").display().to_string();
-    let mut extra = vec![];
-    if loss {
-        extra.push(("KPEER_LOSS", LOSS_PERCENT));
-        extra.push(("KPEER_T_SRV", "400"));
-        extra.push(("KPEER_T_CLI", "360"));
-    }
-    let bound = Duration::from_secs(if loss { 480 } else { 240 });
-    let (_, text) = script(run, &[&sh, case.name, dir], &extra, bound);
-    let res = run
-        .dir
-        .join("results")
-        .join(format!("{}.{dir}{}", case.name, if loss { ".loss2" } else { "" }));
+    let (extra, suffix): (&[(&str, &str)], &str) = match mode {
+        Mode::Matrix => (&[], ""),
+        Mode::Loss => (
+            &[
+                ("KPEER_LOSS", LOSS_PERCENT),
+                ("KPEER_T_SRV", "400"),
+                ("KPEER_T_CLI", "360"),
+            ],
+            ".loss2",
+        ),
+        Mode::Kill => (&[("KPEER_KILL_AFTER", "4"), ("KPEER_KILL_BOUND", "30")], ".kill"),
+    };
+    let bound = Duration::from_secs(if mode == Mode::Loss { 480 } else { 240 });
+    let (_, text) = script(run, &[&sh, case.name, dir], extra, bound);
+    let res = run.dir.join("results").join(format!("{}.{dir}{suffix}", case.name));
     let verdict = std::fs::read_to_string(res.join("verdict")).unwrap_or_default();
     println!("    {}", verdict.trim());
     if !verdict.contains(" PASS ") {
@@ -227,9 +253,10 @@ fn run_case(case: &Case, dir: &str, loss: bool) -> Result<(), Failed> {
         )
         .into());
     }
-    if loss {
+    if mode != Mode::Matrix {
         // Drops are not captured consistently on the tap (output drops never reach it), so
-        // the capture has holes by design; the tools checked every byte.
+        // the capture has holes by design; the tools checked every byte. A killed peer leaves
+        // a torn stream.
         return Ok(());
     }
     wirecheck(&res.join("cap.pcap"), case.wire)?;
@@ -295,7 +322,11 @@ fn icrc_agreement(pcap: &Path) -> Result<(), Failed> {
         nonzero_id += usize::from(id != "0");
     }
     if nonzero_id == 0 {
-        return Err(format!("no RoCE packet with a non-zero IPv4 ID in {} ({compared} compared)", pcap.display()).into());
+        return Err(format!(
+            "no RoCE packet with a non-zero IPv4 ID in {} ({compared} compared)",
+            pcap.display()
+        )
+        .into());
     }
     println!("    ICRC: {compared} packets agree ({nonzero_id} with a non-zero IPv4 ID)");
     Ok(())
@@ -399,21 +430,28 @@ fn main() {
     let missing = missing_prerequisite();
     let under_ci = std::env::var_os("CI").is_some();
     let mut trials = vec![];
-    for (cases, loss) in [(MATRIX, false), (LOSS, true)] {
-        for c in cases {
-            for (label, dir) in DIRS {
-                let name = if loss {
-                    format!("loss::{}::{label}", c.name)
-                } else {
-                    format!("{}::{}::{label}", c.transport.link(), c.name)
-                };
-                let why = missing.clone();
-                let trial = Trial::test(name, move || match why {
-                    Some(why) => Err(format!("cannot run under CI: {why}").into()),
-                    None => run_case(c, dir, loss),
-                });
-                trials.push(trial.with_ignored_flag(missing.is_some() && !under_ci));
+    // Grouped by transport: the guest boots once for each.
+    let mut all: Vec<(&'static Case, Mode)> = [(MATRIX, Mode::Matrix), (LOSS, Mode::Loss), (KILL, Mode::Kill)]
+        .into_iter()
+        .flat_map(|(cases, mode)| cases.iter().map(move |c| (c, mode)))
+        .collect();
+    all.sort_by_key(|(c, _)| c.transport == Transport::Rxe);
+    for (c, mode) in all {
+        for (label, dir) in DIRS {
+            if mode == Mode::Kill && dir != "k2s" {
+                continue;
             }
+            let name = match mode {
+                Mode::Matrix => format!("{}::{}::{label}", c.transport.link(), c.name),
+                Mode::Loss => format!("loss::{}::{label}", c.name),
+                Mode::Kill => format!("peer_killed::{}", c.name),
+            };
+            let why = missing.clone();
+            let trial = Trial::test(name, move || match why {
+                Some(why) => Err(format!("cannot run under CI: {why}").into()),
+                None => run_case(c, dir, mode),
+            });
+            trials.push(trial.with_ignored_flag(missing.is_some() && !under_ci));
         }
     }
     if let Some(why) = &missing {

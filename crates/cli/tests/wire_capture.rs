@@ -7,10 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn wirecheck() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tools/wirecheck/wirecheck"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tools/wirecheck/wirecheck"))
 }
 
 fn free_port() -> u16 {
