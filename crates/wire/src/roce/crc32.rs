@@ -6,7 +6,8 @@
 //! faster than a table on full-MTU packets). [`Crc32::update_const`] is a
 //! byte-at-a-time table version usable in `const` items, for fixed prefixes.
 
-const POLY: u32 = 0xEDB8_8320;
+/// The reflected polynomial (bit 31 is the coefficient of x^0, bit 0 that of x^31; x^32 implied).
+pub(crate) const POLY: u32 = 0xEDB8_8320;
 
 const fn make_table() -> [u32; 256] {
     let mut t = [0u32; 256];
