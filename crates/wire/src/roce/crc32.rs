@@ -25,7 +25,8 @@ const fn make_table() -> [u32; 256] {
     t
 }
 
-const TABLE: [u32; 256] = make_table();
+/// `TABLE[i]` is the raw register after byte `i` from register 0, i.e. `i * x^8 mod P` (reflected).
+pub(crate) const TABLE: [u32; 256] = make_table();
 
 /// Incremental CRC-32: feed pieces with [`Crc32::update`], read with [`Crc32::finish`].
 ///
