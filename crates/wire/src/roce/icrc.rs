@@ -316,15 +316,13 @@ pub fn solve_ipv4_id(
     transport: &[u8],
     carried: u32,
 ) -> Option<(u16, bool)> {
-    let base = IcrcIp::V4 {
-        src,
-        dst,
-        id: 0,
-        dont_fragment: false,
-    };
+    // Relative to ID 0 and DF (softrdma's own packets: no multiplication needed).
+    let base = IcrcIp::v4_df(src, dst);
     let delta = carried ^ icrc(&base, src_port, dst_port, transport);
-    let k = IPV4_ID_TO_TRANSPORT + transport.len();
-    let w = unshift_bytes(delta, k);
+    if delta == 0 {
+        return Some((0, true));
+    }
+    let w = unshift_bytes(delta, IPV4_ID_TO_TRANSPORT + transport.len()) ^ W_FLAGS_DF;
     let dont_fragment = match w & 0xffff_0000 {
         0 => false,
         W_FLAGS_DF => true,
