@@ -20,6 +20,7 @@
 //! | attack (RC victim) | outcome on the wire | victim |
 //! |---|---|---|
 //! | WRITE with a bad ICRC | dropped, no answer (`icrc_errors` + 1) | RTS; the same WRITE with a good ICRC is then ACKed and placed |
+//! | WRITE whose ICRC covers IPv4 ID 0x1234 + DF, or 0xbeef without DF (as rdma_rxe's own IP header) | ACKed and placed; the same with a payload bit flipped: dropped (`icrc_errors` + 1) | RTS |
 //! | WRITE with a PSN ahead of the expected one (twice) | one NAK PSN sequence error (AETH 0x60) carrying the expected PSN | RTS, nothing placed; the in-order WRITE is ACKed |
 //! | WRITE with an old PSN (duplicate) | ACK of the last PSN again, not executed | RTS, memory keeps the first write |
 //! | WRITE to an unknown QPN (free index of the victim's home port, QPN 0) | dropped (`unknown_qpn` + 1 each) | — |
@@ -739,6 +740,59 @@ fn ud_datagram_with_a_forged_qkey_is_dropped() {
     assert_eq!(&buf.to_vec()[40..140], &pattern(100, 2)[..]);
     honest.progress("forged Q_Key");
     honest.stop();
+}
+
+/// Linux rdma_rxe builds its own IPv4 header: DF and a non-zero, incrementing Identification,
+/// which the ICRC covers and a UDP socket does not show. The receive path recovers them from
+/// the ICRC (issue #13): WRITEs whose ICRC was computed with ID 0x1234 + DF and with ID
+/// 0xbeef without DF are placed and ACKed; the same WRITE with one payload bit flipped after
+/// the ICRC was computed is dropped and counted.
+#[test]
+fn icrc_with_a_kernel_style_ipv4_id_is_accepted() {
+    use softrdma_wire::roce::{append_icrc, IcrcIp};
+    let _g = serial();
+    let mut v = Victim::new();
+    let peer = RawPeer::new(Ipv4Addr::LOCALHOST);
+    let (qp, me) = v.qp(&peer, 500);
+    let (sva, skey) = (v.scratch.addr(), v.scratch.rkey());
+    let datagram = |psn: u32, data: &[u8], id: u16, dont_fragment: bool| {
+        let mut d = rc_packet(RoceOpcode::RcWriteOnly, qp.qpn(), psn, Some((sva, skey, 200)), data);
+        let ip = IcrcIp::V4 {
+            src: peer.ip,
+            dst: Ipv4Addr::LOCALHOST,
+            id,
+            dont_fragment,
+        };
+        append_icrc(&ip, peer.port, home(qp.qpn()), &mut d, 0);
+        d
+    };
+    let before = (v.snapshot(), driver_stats());
+
+    let data = pattern(200, 21);
+    peer.send_raw(home(qp.qpn()), &datagram(500, &data, 0x1234, true));
+    expect_ack(&peer, me, 500, "ICRC with IPv4 ID 0x1234 and DF");
+    assert_eq!(&v.scratch.to_vec()[..200], &data[..]);
+
+    let data = pattern(200, 22);
+    peer.send_raw(home(qp.qpn()), &datagram(501, &data, 0xbeef, false));
+    expect_ack(&peer, me, 501, "ICRC with IPv4 ID 0xbeef, no DF");
+    assert_eq!(&v.scratch.to_vec()[..200], &data[..]);
+    assert_eq!(delta(&before.1).icrc_errors, 0);
+
+    let mut bad = datagram(502, &pattern(200, 23), 0x1235, true);
+    bad[40] ^= 0x10;
+    peer.send_raw(home(qp.qpn()), &bad);
+    counted(&before.1, "corrupted WRITE with IPv4 ID 0x1235", |d| d.icrc_errors == 1);
+    expect_quiet(&peer, "corrupted WRITE");
+    assert_eq!(&v.scratch.to_vec()[..200], &data[..], "a corrupted WRITE was placed");
+    assert_eq!(qp.state(), QpState::Rts);
+
+    let data = pattern(200, 24);
+    peer.send_raw(home(qp.qpn()), &datagram(502, &data, 0x1236, true));
+    expect_ack(&peer, me, 502, "the next WRITE, ID 0x1236");
+    assert_eq!(&v.scratch.to_vec()[..200], &data[..]);
+    v.assert_unchanged(&before.0, "kernel-style IPv4 ID");
+    assert_eq!(delta(&before.1).icrc_errors, 1);
 }
 
 /// A QPN or communication ID names its owner's home port; a hostile peer can name any port.

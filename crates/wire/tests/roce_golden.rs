@@ -190,6 +190,19 @@ const IPV6: &[&str] = &[
     ),
 ];
 
+/// Linux 6.1 rdma_rxe (198.18.99.2) to softrdma, ibv_rc_pingpong, captured by the kernel-peer
+/// harness (results/roce-rc-pingpong.k2s/cap.pcap): rxe's own IPv4 header has DF and a
+/// non-zero, incrementing Identification (0xe63b, 0xe63c), and UDP checksum 0. SEND First
+/// (1024 bytes of 0x7b, given as header + ICRC) and an ACK.
+const RXE_SEND_FIRST: (&str, u8, usize, &str) = (
+    "4500042ce63b40004011fe5cc6126302c6126301f3cc12b7041800000000ffff0001e4ee009ca41b",
+    0x7b,
+    1024,
+    "6f896620",
+);
+const RXE_ACK: &str =
+    "45000030e63c400040110258c6126302c6126301f3cc12b7001c00001100ffff0001e4ee00aa74db1f000001fe4fc3ed";
+
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
@@ -252,6 +265,12 @@ fn check_good(pkt: &[u8], dport: u16) -> RocePacket<'static> {
     assert_eq!(transport, &c.datagram[..c.datagram.len() - ICRC_LEN]);
     assert_eq!(icrc(&c.ip, c.sport, c.dport, transport), carried);
     assert_eq!(icrc_bytes(carried), c.datagram[c.datagram.len() - ICRC_LEN..]);
+    if let IcrcIp::V4 { src, dst, .. } = c.ip {
+        assert_eq!(
+            check_icrc_any_id(src, dst, c.sport, c.dport, &c.datagram),
+            Ok((transport, c.ip))
+        );
+    }
     let transport: &'static [u8] = transport.to_vec().leak();
     let p = RocePacket::parse(transport).unwrap();
     assert!(p.headers.matches_opcode());
@@ -337,6 +356,64 @@ fn golden_rc_cm() {
     assert_eq!(p.payload, [b'L'; 100]);
 }
 
+/// check_icrc_any_id finds the Identification and DF a sender used without seeing them:
+/// softrdma's own packets (ID 0, DF) and a ConnectX CNP are in the other tests, these are
+/// the kernel's.
+#[test]
+fn golden_rxe_nonzero_ip_id() {
+    let (head, fill, n, crc) = RXE_SEND_FIRST;
+    let mut send = hex(head);
+    send.extend(std::iter::repeat_n(fill, n));
+    send.extend(hex(crc));
+    for (pkt, id, op) in [
+        (send, 0xe63b, RoceOpcode::RcSendFirst),
+        (hex(RXE_ACK), 0xe63c, RoceOpcode::RcAck),
+    ] {
+        let p = check_good(&pkt, ROCE_V2_UDP_PORT);
+        assert_eq!(p.opcode(), op);
+        let c = captured(&pkt);
+        let IcrcIp::V4 { src, dst, .. } = c.ip else {
+            panic!("IPv4")
+        };
+        assert_eq!(
+            c.ip,
+            IcrcIp::V4 {
+                src,
+                dst,
+                id,
+                dont_fragment: true
+            }
+        );
+        // What a receiver that assumes ID 0 sees: a bad ICRC either way.
+        for df in [true, false] {
+            let guess = IcrcIp::V4 {
+                src,
+                dst,
+                id: 0,
+                dont_fragment: df,
+            };
+            assert_eq!(
+                check_icrc(&guess, c.sport, c.dport, &c.datagram),
+                Err(WireError::Malformed(ICRC_MISMATCH))
+            );
+        }
+        let transport = &c.datagram[..c.datagram.len() - ICRC_LEN];
+        assert_eq!(
+            check_icrc_any_id(src, dst, c.sport, c.dport, &c.datagram),
+            Ok((transport, c.ip))
+        );
+        // A flipped PSN bit, a different source port or address: nothing explains the ICRC.
+        let mut bad = c.datagram.clone();
+        bad[11] ^= 1;
+        assert_eq!(
+            check_icrc_any_id(src, dst, c.sport, c.dport, &bad),
+            Err(WireError::Malformed(ICRC_MISMATCH))
+        );
+        assert!(check_icrc_any_id(src, dst, c.sport ^ 1, c.dport, &c.datagram).is_err());
+        assert!(check_icrc_any_id(dst, dst, c.sport, c.dport, &c.datagram).is_err());
+    }
+}
+
 #[test]
 fn golden_port_14791() {
     for s in PORT_14791 {
@@ -359,6 +436,12 @@ fn check_bad_icrc(pkt: &[u8]) -> Captured {
         check_icrc(&c.ip, c.sport, c.dport, &c.datagram),
         Err(WireError::Malformed(ICRC_MISMATCH))
     );
+    if let IcrcIp::V4 { src, dst, .. } = c.ip {
+        assert_eq!(
+            check_icrc_any_id(src, dst, c.sport, c.dport, &c.datagram),
+            Err(WireError::Malformed(ICRC_MISMATCH))
+        );
+    }
     c
 }
 
@@ -680,6 +763,40 @@ proptest! {
         let r = check_icrc(&ip, sport, ROCE_V2_UDP_PORT, &bad);
         if i == 4 {
             prop_assert!(r.is_ok());
+        } else {
+            prop_assert_eq!(r, Err(WireError::Malformed(ICRC_MISMATCH)));
+        }
+    }
+    #[test]
+    fn icrc_any_id_round_trip(
+        (h, payload) in packet(),
+        src in any::<[u8; 4]>(),
+        dst in any::<[u8; 4]>(),
+        id in any::<u16>(),
+        dont_fragment in any::<bool>(),
+        sport in any::<u16>(),
+        flip in any::<prop::sample::Index>(),
+        bit in 0..8u8,
+    ) {
+        let (src, dst) = (Ipv4Addr::from(src), Ipv4Addr::from(dst));
+        let ip = IcrcIp::V4 { src, dst, id, dont_fragment };
+        let mut dg = Vec::new();
+        h.emit(&payload, &mut dg);
+        append_icrc(&ip, sport, ROCE_V2_UDP_PORT, &mut dg, 0);
+        let transport = &dg[..dg.len() - ICRC_LEN];
+        prop_assert_eq!(check_icrc_any_id(src, dst, sport, ROCE_V2_UDP_PORT, &dg), Ok((transport, ip)));
+        // A single-bit error is caught unless it is in the masked BTH byte 4 or at one of the
+        // positions where some other (ID, DF) explains it; below 64 KiB these are (UDP
+        // payload offset, bit) (173, 3) and (1834, 6), then 8 more past 26 KiB.
+        let i = flip.index(dg.len());
+        let mut bad = dg.clone();
+        bad[i] ^= 1 << bit;
+        let r = check_icrc_any_id(src, dst, sport, ROCE_V2_UDP_PORT, &bad);
+        if i == 4 {
+            prop_assert_eq!(r, Ok((&bad[..dg.len() - ICRC_LEN], ip)));
+        } else if [(173, 3), (1834, 6)].contains(&(i, bit)) {
+            let explained = matches!(r, Ok((_, IcrcIp::V4 { id: other, .. })) if other != id);
+            prop_assert!(explained, "{:?}", r);
         } else {
             prop_assert_eq!(r, Err(WireError::Malformed(ICRC_MISMATCH)));
         }

@@ -8,7 +8,7 @@ use super::slot::Slot;
 use super::stats::DriverCounters;
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::{Errno, Error, Result};
-use softrdma_wire::roce::{check_icrc, icrc, icrc_bytes, IcrcIp};
+use softrdma_wire::roce::{check_icrc_any_id, icrc, icrc_bytes, IcrcIp};
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -631,16 +631,11 @@ impl Endpoint {
             self.counters.unsupported.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        for df in [true, false] {
-            let ip = IcrcIp::V4 {
-                src,
-                dst,
-                id: 0,
-                dont_fragment: df,
-            };
-            if let Ok(t) = check_icrc(&ip, origin.src.port(), origin.dst_port, datagram) {
-                return Some(t);
-            }
+        // The IPv4 Identification and DF are covered but not visible on a UDP socket; the
+        // ICRC itself tells which ones the sender used (ID 0 + DF from softrdma, a running
+        // ID from Linux rdma_rxe).
+        if let Ok((t, _)) = check_icrc_any_id(src, dst, origin.src.port(), origin.dst_port, datagram) {
+            return Some(t);
         }
         self.counters.icrc_errors.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(src = %origin.src, "soft-RoCE: bad ICRC, packet dropped");

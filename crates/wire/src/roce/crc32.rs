@@ -6,7 +6,8 @@
 //! faster than a table on full-MTU packets). [`Crc32::update_const`] is a
 //! byte-at-a-time table version usable in `const` items, for fixed prefixes.
 
-const POLY: u32 = 0xEDB8_8320;
+/// The reflected polynomial (bit 31 is the coefficient of x^0, bit 0 that of x^31; x^32 implied).
+pub(crate) const POLY: u32 = 0xEDB8_8320;
 
 const fn make_table() -> [u32; 256] {
     let mut t = [0u32; 256];
@@ -24,7 +25,8 @@ const fn make_table() -> [u32; 256] {
     t
 }
 
-const TABLE: [u32; 256] = make_table();
+/// `TABLE[i]` is the raw register after byte `i` from register 0, i.e. `i * x^8 mod P` (reflected).
+pub(crate) const TABLE: [u32; 256] = make_table();
 
 /// Incremental CRC-32: feed pieces with [`Crc32::update`], read with [`Crc32::finish`].
 ///

@@ -40,8 +40,8 @@ pub use self::headers::{
     GSI_QKEY, IETH_LEN, IMMDT_LEN, MSN_MASK,
 };
 pub use self::icrc::{
-    append_icrc, check_icrc, icrc, icrc_bytes, icrc_from_bytes, icrc_of_ip_packet, IcrcIp, ICRC_LEN, ICRC_MISMATCH,
-    ROCE_V2_UDP_PORT,
+    append_icrc, check_icrc, check_icrc_any_id, icrc, icrc_bytes, icrc_from_bytes, icrc_of_ip_packet, solve_ipv4_id,
+    IcrcIp, ICRC_LEN, ICRC_MISMATCH, ROCE_V2_UDP_PORT,
 };
 pub use self::opcode::{HeaderSet, RoceOpcode};
 pub use self::packet::{pad_len, RoceHeaders, RocePacket};
