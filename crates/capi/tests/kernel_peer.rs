@@ -344,9 +344,7 @@ fn softrdma_accepts(frame: &[u8]) -> Result<bool, Failed> {
     let dport = u16::from_be_bytes([udp[2], udp[3]]);
     let ulen = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
     let payload = frame.get(42..34 + ulen).ok_or("truncated UDP payload")?;
-    // PLACEHOLDER-ICRC: replaced by the receive path's solver when it lands.
-    let ip = softrdma_wire::roce::icrc::IcrcIp::v4_df(src, dst);
-    Ok(softrdma_wire::roce::icrc::check_icrc(&ip, sport, dport, payload).is_ok())
+    Ok(softrdma_wire::roce::icrc::check_icrc_any_id(src, dst, sport, dport, payload).is_ok())
 }
 
 /// The frames of a pcap or pcapng file (what dumpcap writes), in order.
