@@ -102,6 +102,7 @@ fn mpa_probe_child() {
         ird: 1,
         ord: 1,
         crc: false,
+        p2p: false,
     };
     s.write_all(&build_request(&params).expect("request")).expect("send");
     s.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");

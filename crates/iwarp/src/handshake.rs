@@ -1,13 +1,70 @@
 //! The MPA connection setup (RFC 5044 §7.1, RFC 6581), sans-I/O.
 //!
-//! softrdma asks for MPA revision 2 with enhanced connection setup: IRD/ORD are exchanged, and
-//! peer-to-peer mode with a zero-length RDMA READ as the ready-to-receive (RTR) message lets
-//! either side send first. A request whose private data does not fit beside the 4-byte IRD/ORD
-//! block (more than 508 bytes) is sent as revision 1, which has no IRD/ORD exchange.
+//! softrdma asks for MPA revision 2 with enhanced connection setup (IRD/ORD are exchanged). A
+//! request whose private data does not fit beside the 4-byte IRD/ORD block (more than 508
+//! bytes) is sent as revision 1, which has no IRD/ORD exchange and no peer-to-peer mode.
 //! Markers are never used; a peer that asks for them is rejected.
+//!
+//! # Start-up rules: peer-to-peer mode, the RTR, and who may send first
+//!
+//! Chosen to work with Linux siw (`drivers/infiniband/sw/siw/siw_cm.c`) on either side, with
+//! hardware that wants peer-to-peer mode (Chelsio iw_cxgb4, `peer2peer=1`), and with softrdma.
+//!
+//! * **Initiator, default: no peer-to-peer mode.** The Request carries IRD/ORD and no P or RTR
+//!   bits, as Linux siw sends it (its `peer_to_peer` module parameter is off by default). No
+//!   RTR is sent; the first FPDU is whatever the application posts. This avoids a Linux siw
+//!   responder race: `siw_accept` sends its Reply *before* it installs `siw_rtr_data_ready`,
+//!   and an RTR arriving in between is dropped by `siw_cm_llp_data_ready` (endpoint already
+//!   in RDMA mode) and not read again until more data arrives — the connection hangs.
+//! * **Initiator, opt-in peer-to-peer** ([`MpaParams::p2p`]; the driver takes it from
+//!   `SOFTRDMA_IWARP_P2P=1`, read in one place, `driver::p2p_from_env`): for responders that
+//!   need an RTR before they send (iw_cxgb4 with `peer2peer=1` expects the P bit and an RTR type
+//!   it supports, else it Terminates with "no matching RTR"). The Request offers both a
+//!   zero-length RDMA WRITE and a zero-length RDMA READ as RTR (as siw's `rtr_type`); the
+//!   initiator sends the one type the Reply names as its first FPDU. A Reply without the P bit
+//!   or with no type offered is accepted as non-peer-to-peer (lenient; a zero-length SEND RTR,
+//!   which would consume a posted receive, is refused). To make the siw race above unlikely,
+//!   the driver sends the RTR [`RTR_DELAY`] after the Reply arrived. Residual risk: against a
+//!   Linux siw responder, an RTR that still lands in siw's window is only read once the
+//!   initiator sends something else; a program whose server sends first then waits.
+//! * **Responder, peer-to-peer requested:** honoured, with one RTR type of those offered: a
+//!   zero-length WRITE when offered (as siw's `siw_proc_mpareq`, no response needed), else a
+//!   zero-length READ; a request with the P bit and no type gets WRITE (as siw). The
+//!   responder then sends nothing until the initiator's first FPDU (the RTR) arrives.
+//! * **Responder, no peer-to-peer:** it may send before the initiator's first FPDU. RFC 5044
+//!   §7.1.2 has the responder wait for that FPDU; the rule exists for markers (the stream
+//!   position of FPDU mode) and for initiators that hand the stream to hardware only after
+//!   the Reply. Markers are never negotiated here, softrdma's initiator hands the bytes after
+//!   the Reply straight to its engine, and Linux siw does not wait either (its accept moves
+//!   the QP to RTS and the application may post at once) — while a Linux initiator never
+//!   sends an RTR, so waiting deadlocks server-sends-first programs (ucmatose). One hazard
+//!   remains: a Linux siw initiator reads the Reply's private data with 4 bytes to spare
+//!   (`siw_recv_mpa_rr`) and fails the connection (EPROTO) if FPDU bytes already sit behind
+//!   it. So the driver holds the responder's first FPDU until the initiator sent one, or
+//!   until the Reply was acknowledged by the peer's TCP and [`FIRST_SEND_GRACE`] passed
+//!   (`Engine::release_tx`), whichever comes first.
 
 use softrdma_verbs::{bail, Error, Result};
 use softrdma_wire::{IrdOrd, MpaFrame, MpaKind, MPA_MAX_PD_LEN};
+use std::time::Duration;
+
+/// Opt-in peer-to-peer initiator: how long after the MPA Reply arrived the RTR is sent
+/// (keeps it out of Linux siw's accept window, see the module documentation).
+pub const RTR_DELAY: Duration = Duration::from_millis(50);
+
+/// Non-peer-to-peer responder: how long after the peer's TCP acknowledged the MPA Reply the
+/// first FPDU may leave without an FPDU from the initiator (lets a Linux siw initiator read
+/// the Reply alone, see the module documentation).
+pub const FIRST_SEND_GRACE: Duration = Duration::from_millis(20);
+
+/// The ready-to-receive message of MPA peer-to-peer mode (RFC 6581 §9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rtr {
+    /// A zero-length RDMA WRITE.
+    Write,
+    /// A zero-length RDMA READ (answered by a zero-length Read Response).
+    Read,
+}
 
 /// Largest private data the transport carries (RFC 5044 PD_Length limit).
 pub const MAX_PRIVATE_DATA: usize = MPA_MAX_PD_LEN;
@@ -23,6 +80,8 @@ pub struct MpaParams {
     pub ord: u32,
     /// Ask for FPDU CRC32c.
     pub crc: bool,
+    /// Initiator: request MPA peer-to-peer mode (an RTR before the responder sends).
+    pub p2p: bool,
 }
 
 /// What the handshake settled.
@@ -34,8 +93,8 @@ pub struct Negotiated {
     pub ird: u32,
     /// Outgoing READs this side may have outstanding (≥ 1).
     pub ord: u32,
-    /// Peer-to-peer mode: the initiator sends a zero-length READ as its first FPDU.
-    pub rtr: bool,
+    /// Peer-to-peer mode and its RTR: the initiator sends it as its first FPDU.
+    pub rtr: Option<Rtr>,
     /// The peer's private data.
     pub peer_private_data: Vec<u8>,
     /// The MPA revision in use.
@@ -77,10 +136,10 @@ pub fn build_request(p: &MpaParams) -> Result<Vec<u8>> {
     let enhanced = enhanced_fits(&p.private_data).then(|| IrdOrd {
         ird: clamp14(p.ird),
         ord: clamp14(p.ord),
-        peer_to_peer: true,
+        peer_to_peer: p.p2p,
         zero_length_rtr: false,
-        write_rtr: false,
-        read_rtr: true,
+        write_rtr: p.p2p,
+        read_rtr: p.p2p,
     });
     let frame = MpaFrame {
         kind: MpaKind::Request,
@@ -121,9 +180,9 @@ pub fn parse_reply(buf: &[u8], ours: &MpaParams) -> Result<Option<(ReplyOutcome,
         Some(e) => (
             ours.ord.min(e.ird as u32).max(1),
             clamp14(ours.ird) as u32,
-            e.peer_to_peer && e.read_rtr,
+            reply_rtr(ours, &e)?,
         ),
-        None => (ours.ord.max(1), clamp14(ours.ird) as u32, false),
+        None => (ours.ord.max(1), clamp14(ours.ird) as u32, None),
     };
     Ok(Some((
         ReplyOutcome::Accepted(Negotiated {
@@ -136,6 +195,39 @@ pub fn parse_reply(buf: &[u8], ours: &MpaParams) -> Result<Option<(ReplyOutcome,
         }),
         used,
     )))
+}
+
+/// The RTR the initiator owes, from the Reply's IRD/ORD block.
+fn reply_rtr(ours: &MpaParams, e: &IrdOrd) -> Result<Option<Rtr>> {
+    if !ours.p2p {
+        // Not requested: a P bit in the Reply is the responder's mistake; no RTR is sent.
+        return Ok(None);
+    }
+    Ok(match (e.peer_to_peer, e.write_rtr, e.read_rtr) {
+        (_, true, _) => Some(Rtr::Write),
+        (_, false, true) => Some(Rtr::Read),
+        (true, false, false) if e.zero_length_rtr => bail!(
+            Proto,
+            "the peer chose a zero-length SEND as peer-to-peer RTR; softrdma offered WRITE or READ"
+        ),
+        _ => {
+            tracing::debug!("the MPA responder declined peer-to-peer mode: no RTR is sent");
+            None
+        }
+    })
+}
+
+/// The RTR type a responder picks from a peer-to-peer request (as Linux siw: WRITE when
+/// offered, else READ, and WRITE when none is named).
+fn request_rtr(e: &IrdOrd) -> Option<Rtr> {
+    if !e.peer_to_peer {
+        return None;
+    }
+    Some(if !e.write_rtr && e.read_rtr {
+        Rtr::Read
+    } else {
+        Rtr::Write
+    })
 }
 
 /// Parses the MPA Request on the responder. `Ok(None)`: more bytes needed.
@@ -162,7 +254,7 @@ pub fn build_accept(req: &MpaFrame, p: &MpaParams) -> Result<(Vec<u8>, Negotiate
     }
     let crc = req.crc || p.crc;
     let use_enhanced = req.enhanced.is_some() && enhanced_fits(&p.private_data);
-    let rtr = use_enhanced && req.enhanced.is_some_and(|e| e.peer_to_peer && e.read_rtr);
+    let rtr = req.enhanced.filter(|_| use_enhanced).and_then(|e| request_rtr(&e));
     let peer_ird = req.enhanced.map(|e| e.ird as u32);
     let ord = match peer_ird {
         Some(i) => p.ord.min(i).max(1),
@@ -172,10 +264,10 @@ pub fn build_accept(req: &MpaFrame, p: &MpaParams) -> Result<(Vec<u8>, Negotiate
     let enhanced = use_enhanced.then_some(IrdOrd {
         ird: ird as u16,
         ord: ord as u16,
-        peer_to_peer: rtr,
+        peer_to_peer: rtr.is_some(),
         zero_length_rtr: false,
-        write_rtr: false,
-        read_rtr: rtr,
+        write_rtr: rtr == Some(Rtr::Write),
+        read_rtr: rtr == Some(Rtr::Read),
     });
     let frame = MpaFrame {
         kind: MpaKind::Reply,
@@ -232,6 +324,7 @@ mod tests {
             ird,
             ord,
             crc,
+            p2p: false,
         }
     }
 
@@ -244,7 +337,8 @@ mod tests {
         assert_eq!(frame.revision, 2);
         let resp = params(b"world", 2, 3, true);
         let (reply, neg_r) = build_accept(&frame, &resp).unwrap();
-        assert!(neg_r.crc && neg_r.rtr);
+        assert!(neg_r.crc);
+        assert_eq!(neg_r.rtr, None);
         assert_eq!(neg_r.ord, 3); // min(3, initiator IRD 4)
         assert_eq!(neg_r.peer_private_data, b"hello");
         let (out, used) = parse_reply(&reply, &init).unwrap().unwrap();
@@ -252,7 +346,8 @@ mod tests {
         let ReplyOutcome::Accepted(neg_i) = out else {
             panic!("rejected")
         };
-        assert!(neg_i.crc && neg_i.rtr);
+        assert!(neg_i.crc);
+        assert_eq!(neg_i.rtr, None);
         assert_eq!(neg_i.ord, 2); // min(8, responder IRD 2)
         assert_eq!(neg_i.peer_private_data, b"world");
     }
@@ -283,5 +378,100 @@ mod tests {
         for cut in 0..req.len() {
             assert!(parse_request(&req[..cut]).unwrap().is_none());
         }
+    }
+
+    #[test]
+    fn default_request_has_no_peer_to_peer_bits() {
+        let req = build_request(&params(b"x", 4, 4, false)).unwrap();
+        let (frame, _) = parse_request(&req).unwrap().unwrap();
+        let e = frame.enhanced.expect("MPA v2 enhanced");
+        assert!(
+            !e.peer_to_peer && !e.read_rtr && !e.write_rtr && !e.zero_length_rtr,
+            "{e:?}"
+        );
+        // The raw IRD/ORD words carry only the 14-bit counts (no 0x8000/0x4000 bits).
+        let pd = &req[20..24];
+        assert_eq!(pd[0] & 0xc0, 0);
+        assert_eq!(pd[2] & 0xc0, 0);
+    }
+
+    #[test]
+    fn opt_in_peer_to_peer_offers_write_and_read_and_follows_the_reply() {
+        let mut init = params(b"", 4, 4, false);
+        init.p2p = true;
+        let req = build_request(&init).unwrap();
+        let (frame, _) = parse_request(&req).unwrap().unwrap();
+        let e = frame.enhanced.unwrap();
+        assert!(e.peer_to_peer && e.read_rtr && e.write_rtr && !e.zero_length_rtr);
+        // softrdma as responder picks WRITE (as siw).
+        let (reply, neg_r) = build_accept(&frame, &params(b"", 4, 4, false)).unwrap();
+        assert_eq!(neg_r.rtr, Some(Rtr::Write));
+        let ReplyOutcome::Accepted(neg_i) = parse_reply(&reply, &init).unwrap().unwrap().0 else {
+            panic!("rejected")
+        };
+        assert_eq!(neg_i.rtr, Some(Rtr::Write));
+        // A responder that names READ only (iw_cxgb4's default p2p_type) gets a READ RTR.
+        let reply_rtr_of = |p2p: bool, write: bool, read: bool| {
+            let frame = MpaFrame {
+                kind: MpaKind::Reply,
+                markers: false,
+                crc: false,
+                reject: false,
+                revision: 2,
+                enhanced: Some(IrdOrd {
+                    ird: 4,
+                    ord: 4,
+                    peer_to_peer: p2p,
+                    zero_length_rtr: false,
+                    write_rtr: write,
+                    read_rtr: read,
+                }),
+                private_data: Vec::new(),
+            };
+            let mut out = Vec::new();
+            frame.emit(&mut out).unwrap();
+            match parse_reply(&out, &init).unwrap().unwrap().0 {
+                ReplyOutcome::Accepted(n) => n.rtr,
+                ReplyOutcome::Rejected(_) => panic!("rejected"),
+            }
+        };
+        assert_eq!(reply_rtr_of(true, false, true), Some(Rtr::Read));
+        assert_eq!(reply_rtr_of(true, true, false), Some(Rtr::Write));
+        // A responder that declines: no RTR, the connection goes on without peer-to-peer.
+        assert_eq!(reply_rtr_of(false, false, false), None);
+    }
+
+    #[test]
+    fn responder_honours_peer_to_peer_requests_with_one_rtr_type() {
+        let req = |write: bool, read: bool, zero: bool| {
+            let frame = MpaFrame {
+                kind: MpaKind::Request,
+                markers: false,
+                crc: false,
+                reject: false,
+                revision: 2,
+                enhanced: Some(IrdOrd {
+                    ird: 4,
+                    ord: 4,
+                    peer_to_peer: true,
+                    zero_length_rtr: zero,
+                    write_rtr: write,
+                    read_rtr: read,
+                }),
+                private_data: Vec::new(),
+            };
+            let (reply, neg) = build_accept(&frame, &params(b"", 4, 4, false)).unwrap();
+            let (rep, _) = MpaFrame::parse(&reply).unwrap().unwrap();
+            let e = rep.enhanced.unwrap();
+            assert!(e.peer_to_peer);
+            assert!(e.write_rtr != e.read_rtr, "exactly one RTR type: {e:?}");
+            neg.rtr
+        };
+        // A READ-only request (what softrdma sent before, and iw_cxgb4's default).
+        assert_eq!(req(false, true, false), Some(Rtr::Read));
+        assert_eq!(req(true, true, false), Some(Rtr::Write));
+        assert_eq!(req(true, false, false), Some(Rtr::Write));
+        assert_eq!(req(false, false, true), Some(Rtr::Write));
+        assert_eq!(req(false, false, false), Some(Rtr::Write));
     }
 }

@@ -136,9 +136,9 @@ impl Node {
     }
 
     /// Waits for the completion of every SEND. With `after_disconnect`, flushed SENDs are
-    /// counted, not failed: softrdma completes a SEND only once the peer confirms placement,
-    /// and a peer that disconnects right after receiving leaves the last ones unconfirmed
-    /// (the peer itself verifies what it received). Returns how many were flushed.
+    /// counted, not failed: a SEND still queued (iWARP: not yet taken by the socket; RoCE: not
+    /// yet acknowledged) when a peer that verified what it received disconnects is flushed.
+    /// Returns how many were flushed.
     pub fn complete_sends(&self, msgs: Messages, after_disconnect: bool) -> Result<u32, Failure> {
         let res = self.res()?;
         let mut flushed = 0;

@@ -66,6 +66,9 @@ pub(crate) struct ConnState {
     /// Set when the engine stopped (a Terminate is queued) but its last bytes cannot leave:
     /// the connection closes at this instant even if the peer never reads them.
     pub(crate) linger: Option<Instant>,
+    /// When the engine's held first FPDUs may leave (`Engine::release_tx`): the RTR delay of
+    /// a peer-to-peer initiator, or a responder's grace after its Reply was acknowledged.
+    tx_release: Option<Instant>,
 }
 
 impl ConnState {
@@ -187,6 +190,7 @@ impl TcpConn {
                 disconnect: false,
                 writing: interest.write,
                 linger: None,
+                tx_release: None,
             }),
             wakeups: std::sync::atomic::AtomicU64::new(0),
         });
@@ -412,6 +416,10 @@ impl TcpConn {
                     initiator: true,
                     rtr: neg.rtr,
                 };
+                if neg.rtr.is_some() {
+                    // Keep the RTR out of a Linux siw responder's accept window (handshake docs).
+                    st.tx_release = Some(Instant::now() + handshake::RTR_DELAY);
+                }
                 let Some(conn) = self.self_arc() else { return };
                 let handle = ConnHandle { conn };
                 if let Err(e) = qp.connect_established(Arc::new(handle), neg.ord.min(255) as u8, neg.ird.min(255) as u8)
@@ -420,7 +428,7 @@ impl TcpConn {
                 }
                 let mut engine = Box::new(Engine::new(qp, cfg));
                 feed(&mut engine, &rest);
-                tracing::debug!(%peer, crc = neg.crc, rtr = neg.rtr, ird = neg.ird, ord = neg.ord, "iWARP connection established (active)");
+                tracing::debug!(%peer, crc = neg.crc, rtr = ?neg.rtr, ird = neg.ird, ord = neg.ord, "iWARP connection established (active)");
                 st.phase = Phase::Established { engine };
                 Self::emit(
                     st,
@@ -481,7 +489,6 @@ impl TcpConn {
         let Phase::Established { engine } = phase else { return };
         let Some(sock) = sock.as_ref() else { return };
         let mut closed: Option<String> = None;
-        let mut clean_eof = false;
         // Handshake bytes (the MPA Reply) go first.
         while !out.is_empty() {
             match (&*sock).write(out) {
@@ -503,7 +510,6 @@ impl TcpConn {
                 match (&*sock).read(space) {
                     Ok(0) => {
                         closed = Some("the peer closed the connection".into());
-                        clean_eof = true;
                         break;
                     }
                     Ok(n) => {
@@ -538,10 +544,19 @@ impl TcpConn {
         if st.disconnect && closed.is_none() {
             closed = Some("disconnected locally".into());
         }
-        let ConnState { phase, sock, out, .. } = st;
+        let ConnState {
+            phase,
+            sock,
+            out,
+            tx_release,
+            ..
+        } = st;
         let Phase::Established { engine } = phase else { return };
         let Some(sock) = sock.as_ref() else { return };
         let mut blocked = !out.is_empty();
+        if !blocked && engine.tx_release_pending() {
+            self.pace_first_fpdu(engine, tx_release);
+        }
         if !blocked {
             loop {
                 engine.fill_tx();
@@ -565,15 +580,8 @@ impl TcpConn {
         }
         let engine_done = engine.phase() != EnginePhase::Running && !engine.wants_tx();
         if let Some(reason) = closed {
-            let unacked = if clean_eof {
-                softrdma_verbs::progress::socket_unacked(self.fd)
-            } else {
-                None
-            };
-            match unacked {
-                Some(u) => engine.peer_closed_cleanly(engine.tx_written().saturating_sub(u), &reason),
-                None => engine.peer_closed(&reason),
-            }
+            // SENDs and WRITEs the socket took have completed already; the rest flushes.
+            engine.peer_closed(&reason);
             let why = engine.close_reason.clone().unwrap_or(reason);
             tracing::debug!(peer = %self.peer, %why, "iWARP connection closed");
             return self.close(st, Some(ConnEvent::Disconnected { reason: why }));
@@ -609,6 +617,38 @@ impl TcpConn {
         self.set_write_interest(st, blocked, true);
     }
 }
+
+impl TcpConn {
+    /// Releases the engine's held first FPDUs when their time came, or sets a timer for it.
+    /// A responder's grace starts once the peer's TCP acknowledged the MPA Reply (the only
+    /// bytes sent so far), so that a delayed or retransmitted Reply cannot arrive together
+    /// with the first FPDU (see `crate::handshake`).
+    fn pace_first_fpdu(&self, engine: &mut Engine, tx_release: &mut Option<Instant>) {
+        let now = Instant::now();
+        let at = match *tx_release {
+            Some(at) => at,
+            None => {
+                let acked = softrdma_verbs::progress::socket_unacked(self.fd).is_none_or(|u| u == 0);
+                if !acked {
+                    self.set_timer(now + ACK_POLL);
+                    return;
+                }
+                let at = now + handshake::FIRST_SEND_GRACE;
+                *tx_release = Some(at);
+                at
+            }
+        };
+        if now >= at {
+            tracing::trace!(peer = %self.peer, "first FPDUs released");
+            engine.release_tx();
+        } else {
+            self.set_timer(at);
+        }
+    }
+}
+
+/// How often a responder looks whether its MPA Reply was acknowledged.
+const ACK_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Source for TcpConn {
     fn on_event(&self, _token: Token, ev: Event) {
@@ -699,6 +739,7 @@ pub fn connect_socket(
         ird: params.ird,
         ord: params.ord,
         crc: params.crc,
+        p2p: params.p2p,
     };
     let phase = Phase::Connecting {
         deadline,

@@ -440,6 +440,8 @@ impl ConnRequest {
             ird: params.ird,
             ord: params.ord,
             crc: params.crc,
+            // The responder follows the request; its own setting does not apply.
+            p2p: false,
         };
         let handle = ConnHandle { conn: conn.clone() };
         let revision = request.revision;

@@ -77,6 +77,17 @@ pub struct ConnectParams {
     pub src: Option<SocketAddr>,
     /// IP type of service for the TCP connection (IPv4).
     pub tos: Option<u8>,
+    /// Active side: request MPA peer-to-peer mode (an RTR before the responder sends), for
+    /// responders that need it. Off by default, as Linux siw; defaults to
+    /// `SOFTRDMA_IWARP_P2P=1` in the environment ([`p2p_from_env`]). The start-up rules are in
+    /// [`crate::handshake`].
+    pub p2p: bool,
+}
+
+/// `SOFTRDMA_IWARP_P2P=1`: active connections request MPA peer-to-peer mode. The one place
+/// the variable is read.
+pub fn p2p_from_env() -> bool {
+    std::env::var("SOFTRDMA_IWARP_P2P").is_ok_and(|v| v == "1")
 }
 
 /// Default connection setup bound.
@@ -92,6 +103,7 @@ impl Default for ConnectParams {
             timeout: DEFAULT_TIMEOUT,
             src: None,
             tos: None,
+            p2p: p2p_from_env(),
         }
     }
 }

@@ -1,10 +1,12 @@
 //! In-order completion of send-side work.
 //!
-//! iWARP acknowledges nothing at the RDMAP layer, so a SEND or RDMA WRITE is only known to be
-//! placed once a later RDMA READ response arrives: RFC 5040 orders a Read Response after every
-//! message sent before its Read Request. softrdma therefore keeps sent WRs here and completes
-//! them when a READ (the application's, or an internal zero-length "fence" READ) comes back,
-//! or with the error named by a Terminate. Completions leave in posting order.
+//! iWARP acknowledges nothing at the RDMAP layer. As Linux siw (and the iWARP verbs), a SEND or
+//! RDMA WRITE completes at the source once all of its bytes were handed to the LLP: the entry
+//! is done when the socket took the stream byte just past its last FPDU. An RDMA READ is done
+//! when its last Read Response segment was placed. Completions leave in posting order, so a
+//! SEND or WRITE behind an outstanding READ waits for that READ. A Terminate or a broken
+//! stream completes the entry it names with its error and flushes everything not yet
+//! completed.
 
 use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::{WcOpcode, WcStatus, WorkCompletion};
@@ -19,8 +21,8 @@ pub enum Kind {
     Write { stag: u32 },
     /// An RDMA READ whose request had this MSN (queue 1).
     Read { msn: u32 },
-    /// An internal zero-length READ (RTR or completion fence); no completion, no SQ slot.
-    Fence { msn: u32 },
+    /// The zero-length READ sent as peer-to-peer RTR; no completion, no SQ slot.
+    Rtr { msn: u32 },
 }
 
 /// One sent work request awaiting confirmation.
@@ -36,7 +38,7 @@ pub struct Entry {
     pub byte_len: u32,
     /// Completion owed on success.
     pub signaled: bool,
-    /// Confirmed (placed / read back).
+    /// Complete (SEND/WRITE: taken by the socket; READ: response placed).
     pub done: bool,
     /// Completion opcode.
     pub op: WcOpcode,
@@ -49,8 +51,8 @@ impl Entry {
         self.op
     }
 
-    fn is_fence(&self) -> bool {
-        matches!(self.kind, Kind::Fence { .. })
+    fn is_rtr(&self) -> bool {
+        matches!(self.kind, Kind::Rtr { .. })
     }
 }
 
@@ -59,8 +61,6 @@ impl Entry {
 pub struct Inflight {
     entries: VecDeque<Entry>,
     next_seq: u64,
-    /// Signaled SEND/WRITE entries after the last READ or fence.
-    unconfirmed_signaled: usize,
 }
 
 impl Inflight {
@@ -69,7 +69,7 @@ impl Inflight {
         let op = match kind {
             Kind::Send { .. } => WcOpcode::Send,
             Kind::Write { .. } => WcOpcode::RdmaWrite,
-            Kind::Read { .. } | Kind::Fence { .. } => WcOpcode::RdmaRead,
+            Kind::Read { .. } | Kind::Rtr { .. } => WcOpcode::RdmaRead,
         };
         self.push_op(kind, op, wr_id, byte_len, signaled)
     }
@@ -78,14 +78,6 @@ impl Inflight {
     pub fn push_op(&mut self, kind: Kind, op: WcOpcode, wr_id: u64, byte_len: u32, signaled: bool) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        match kind {
-            Kind::Send { .. } | Kind::Write { .. } => {
-                if signaled {
-                    self.unconfirmed_signaled += 1;
-                }
-            }
-            Kind::Read { .. } | Kind::Fence { .. } => self.unconfirmed_signaled = 0,
-        }
         self.entries.push_back(Entry {
             seq,
             kind,
@@ -106,19 +98,17 @@ impl Inflight {
         }
     }
 
-    /// The peer closed cleanly having acknowledged `acked` stream bytes: SENDs and WRITEs
-    /// that ended within them were placed.
-    pub fn confirm_sent_within(&mut self, acked: u64) {
+    /// The socket took the stream up to offset `written`: SENDs and WRITEs that ended within
+    /// it are complete. Returns true if one became complete.
+    pub fn written_through(&mut self, written: u64) -> bool {
+        let mut any = false;
         for e in self.entries.iter_mut() {
-            if matches!(e.kind, Kind::Send { .. } | Kind::Write { .. }) && e.end <= acked {
+            if !e.done && matches!(e.kind, Kind::Send { .. } | Kind::Write { .. }) && e.end <= written {
                 e.done = true;
+                any = true;
             }
         }
-    }
-
-    /// True if a fence READ would confirm signaled work.
-    pub fn wants_fence(&self) -> bool {
-        self.unconfirmed_signaled > 0
+        any
     }
 
     /// True when nothing is in flight.
@@ -126,7 +116,8 @@ impl Inflight {
         self.entries.is_empty()
     }
 
-    /// A READ (or fence) with sequence `seq` completed: it and everything before it is confirmed.
+    /// A READ (or the RTR READ) with sequence `seq` completed: it and everything before it is
+    /// complete (RFC 5040 orders a Read Response after every message sent before its request).
     pub fn confirm_through(&mut self, seq: u64, qp: &QpInner) {
         for e in self.entries.iter_mut() {
             if e.seq > seq {
@@ -153,7 +144,7 @@ impl Inflight {
     pub fn release(&mut self, qp: &QpInner) {
         while self.entries.front().is_some_and(|e| e.done) {
             let Some(e) = self.entries.pop_front() else { break };
-            if e.is_fence() {
+            if e.is_rtr() {
                 continue;
             }
             let mut wc = WorkCompletion::new(e.wr_id, WcStatus::Success, e.opcode(), qp.qpn);
@@ -162,43 +153,41 @@ impl Inflight {
         }
     }
 
-    /// Finds the entry a Terminate names; falls back to the oldest unconfirmed one.
-    pub fn find_target(&self, pred: impl Fn(&Kind) -> bool) -> Option<u64> {
-        self.entries
-            .iter()
-            .find(|e| !e.done && pred(&e.kind))
-            .or_else(|| self.entries.iter().find(|e| !e.done && !e.is_fence()))
-            .map(|e| e.seq)
+    /// Finds the entry a Terminate names among those not yet complete. A Terminate that
+    /// names no message (`named` false) falls back to the oldest incomplete one; one that
+    /// names a SEND or WRITE already completed (its bytes had left) has no target.
+    pub fn find_target(&self, named: bool, pred: impl Fn(&Kind) -> bool) -> Option<u64> {
+        let found = self.entries.iter().find(|e| !e.done && pred(&e.kind));
+        match found {
+            Some(e) => Some(e.seq),
+            None if !named => self.entries.iter().find(|e| !e.done && !e.is_rtr()).map(|e| e.seq),
+            None => None,
+        }
     }
 
-    /// Completes entry `seq` with `status` (after releasing what precedes it) and flushes the rest.
+    /// Completes what is complete at the head, then entry `seq` with `status` (what precedes
+    /// it in the stream was processed by the peer), and flushes the rest: an entry behind the
+    /// failed one, or behind an unanswered READ, flushes even if its bytes had left (the peer
+    /// stopped processing before it).
     pub fn fail(&mut self, seq: Option<u64>, status: WcStatus, vendor_err: u32, qp: &QpInner) {
         if let Some(seq) = seq {
             self.confirm_before(seq);
-            self.release(qp);
         }
+        self.release(qp);
         while let Some(e) = self.entries.pop_front() {
-            if e.is_fence() {
+            if e.is_rtr() {
                 continue;
             }
             let st = if Some(e.seq) == seq {
                 status
-            } else if e.done {
-                WcStatus::Success
             } else {
                 WcStatus::WrFlushErr
             };
             let mut wc = WorkCompletion::new(e.wr_id, st, e.opcode(), qp.qpn);
-            if st == WcStatus::Success {
-                wc.byte_len = e.byte_len;
-                qp.complete_send(wc, e.signaled);
-                continue;
-            }
             if st != WcStatus::WrFlushErr {
                 wc.vendor_err = vendor_err;
             }
             qp.complete_send(wc, true);
         }
-        self.unconfirmed_signaled = 0;
     }
 }

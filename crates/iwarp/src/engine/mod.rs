@@ -6,6 +6,14 @@
 //! after checking keys, PD, rights and bounds, and reports completions. It never touches a
 //! socket, a clock or a thread, so every case runs in a unit test with two engines wired
 //! back to back.
+//!
+//! Completion semantics (as Linux siw): a SEND or RDMA WRITE completes at the source once all
+//! of its bytes were handed to the LLP, i.e. taken by the socket ([`Engine::tx_consumed`]); no
+//! READ is ever sent to learn that they were placed. An RDMA READ completes when its last
+//! Read Response segment was placed. Completions leave in posting order (IBTA in-order
+//! completion): a SEND posted after a READ completes only after that READ's response. A
+//! Terminate received later moves the QP to ERR; work not yet completed then flushes.
+//! The start-up rules (peer-to-peer mode, RTR, who sends first) are in [`crate::handshake`].
 
 mod inflight;
 mod rx;
@@ -22,14 +30,14 @@ use softrdma_verbs::RecvWr;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+pub use crate::handshake::Rtr;
+
 pub use term::terminate_status;
 
 /// Largest payload per DDP segment (keeps each ULPDU under the 16-bit MPA length).
 pub const MAX_SEGMENT_PAYLOAD: usize = 65_536 - 64;
 /// TX bytes the engine prepares ahead of the socket.
 pub const TX_HIGH_WATER: usize = 512 * 1024;
-/// Confirmed-completion fences are also sent after this many unconfirmed bytes.
-pub const FENCE_BYTES: u64 = 4 << 20;
 
 /// Settings fixed at connection time.
 #[derive(Debug, Clone)]
@@ -42,8 +50,9 @@ pub struct EngineConfig {
     pub ord: u32,
     /// This side opened the connection.
     pub initiator: bool,
-    /// Peer-to-peer mode: the initiator sends a zero-length READ first.
-    pub rtr: bool,
+    /// Peer-to-peer mode: the RTR the initiator sends as its first FPDU (and the responder
+    /// waits for before sending).
+    pub rtr: Option<Rtr>,
 }
 
 /// Where the engine is in its life.
@@ -135,8 +144,6 @@ pub struct Stats {
     pub rx_fpdus: u64,
     /// Payload bytes placed into local memory.
     pub rx_placed: u64,
-    /// Fence READs sent.
-    pub fences: u64,
     /// Terminates sent.
     pub terminates_sent: u64,
     /// Terminates received.
@@ -154,8 +161,12 @@ pub struct Engine {
     tx_off: usize,
     /// Stream offset of `tx[0]` (bytes handed to the socket before it).
     tx_base: u64,
+    /// FPDUs may be produced (see [`Engine::release_tx`]).
     tx_enabled: bool,
-    rtr_pending: bool,
+    /// Responder in peer-to-peer mode: nothing is sent before the initiator's first FPDU.
+    await_rtr: bool,
+    /// Initiator in peer-to-peer mode: the RTR still has to go out first.
+    rtr_pending: Option<Rtr>,
     cur: Option<TxMsg>,
     send_msn: u32,
     rreq_msn: u32,
@@ -163,7 +174,6 @@ pub struct Engine {
     irq: VecDeque<ReadResp>,
     orq: VecDeque<OrqEntry>,
     inflight: Inflight,
-    unconfirmed_bytes: u64,
     // receive
     rx: Vec<u8>,
     rx_len: usize,
@@ -179,16 +189,17 @@ pub struct Engine {
 impl Engine {
     /// An engine for a QP whose connection just completed MPA setup.
     pub fn new(qp: Arc<QpInner>, cfg: EngineConfig) -> Engine {
-        let rtr_pending = cfg.rtr && cfg.initiator;
+        let rtr_pending = cfg.rtr.filter(|_| cfg.initiator);
         Engine {
             qp,
             phase: Phase::Running,
             tx: Vec::with_capacity(TX_HIGH_WATER + 2 * MAX_SEGMENT_PAYLOAD),
             tx_off: 0,
             tx_base: 0,
-            // The responder sends nothing before the initiator's first FPDU (RFC 5044 §7.1.5);
-            // in peer-to-peer mode that FPDU is the RTR, sent at once.
-            tx_enabled: cfg.initiator,
+            // Held until `release_tx` (the driver's timing, see `crate::handshake`) or the
+            // peer's first FPDU, except on an initiator without RTR, which sends at once.
+            tx_enabled: cfg.initiator && rtr_pending.is_none(),
+            await_rtr: !cfg.initiator && cfg.rtr.is_some(),
             rtr_pending,
             cur: None,
             send_msn: 1,
@@ -197,7 +208,6 @@ impl Engine {
             irq: VecDeque::new(),
             orq: VecDeque::new(),
             inflight: Inflight::default(),
-            unconfirmed_bytes: 0,
             rx: vec![0u8; 256 * 1024],
             rx_len: 0,
             recv_msn: 1,
@@ -219,9 +229,25 @@ impl Engine {
         self.phase
     }
 
-    /// True if sent work still awaits confirmation or READ data.
+    /// True if posted work still awaits its completion (bytes not yet taken by the socket,
+    /// READ data not yet arrived, or held behind such a READ).
     pub fn has_inflight(&self) -> bool {
         !self.inflight.is_empty()
+    }
+
+    /// True while FPDUs are held and only [`Engine::release_tx`] (not an RTR) can start them:
+    /// a non-peer-to-peer responder before the initiator's first FPDU, or a peer-to-peer
+    /// initiator before its RTR was released.
+    pub fn tx_release_pending(&self) -> bool {
+        !self.tx_enabled && !self.await_rtr && self.phase == Phase::Running
+    }
+
+    /// Lets held FPDUs go (the driver decides when, see [`crate::handshake`]). A peer-to-peer
+    /// responder still waits for the RTR.
+    pub fn release_tx(&mut self) {
+        if !self.await_rtr {
+            self.tx_enabled = true;
+        }
     }
 
     /// The QP moved to ERR (by the application or destroy): flush in order and stop.
@@ -229,18 +255,6 @@ impl Engine {
         if self.phase == Phase::Closed {
             return;
         }
-        self.fail_all(None, softrdma_verbs::WcStatus::WrFlushErr, 0, reason.to_string());
-    }
-
-    /// The peer closed the stream cleanly (FIN, no RST, no Terminate) after acknowledging
-    /// `acked` bytes of it. A clean close means the peer's socket held no unread data, so
-    /// every SEND and WRITE that ended within those bytes was placed: they complete
-    /// successfully; everything else flushes.
-    pub fn peer_closed_cleanly(&mut self, acked: u64, reason: &str) {
-        if self.phase == Phase::Closed {
-            return;
-        }
-        self.inflight.confirm_sent_within(acked);
         self.fail_all(None, softrdma_verbs::WcStatus::WrFlushErr, 0, reason.to_string());
     }
 

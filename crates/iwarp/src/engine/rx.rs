@@ -80,6 +80,7 @@ impl Engine {
 
     fn on_ulpdu(&mut self, ulpdu: &[u8]) {
         self.tx_enabled = true;
+        self.await_rtr = false;
         let (hdr, hlen) = match SegmentHeader::parse(ulpdu) {
             Ok(h) => h,
             Err(e) => {

@@ -118,7 +118,7 @@ impl Engine {
             .as_deref()
             .and_then(|h| SegmentHeader::parse(h).ok())
             .map(|(h, _)| h);
-        let target = self.inflight.find_target(|k| {
+        let target = self.inflight.find_target(named.is_some(), |k| {
             use super::inflight::Kind;
             match (named, k) {
                 (

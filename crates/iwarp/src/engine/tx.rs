@@ -2,7 +2,7 @@
 
 use super::inflight::Kind;
 use super::{
-    Engine, OrqEntry, Payload, Phase, Piece, ReadResp, TxHeader, TxMsg, FENCE_BYTES, MAX_SEGMENT_PAYLOAD, TX_HIGH_WATER,
+    Engine, OrqEntry, Payload, Phase, Piece, ReadResp, Rtr, TxHeader, TxMsg, MAX_SEGMENT_PAYLOAD, TX_HIGH_WATER,
 };
 use softrdma_verbs::mr::check_local;
 use softrdma_verbs::qp::SendWqe;
@@ -15,13 +15,18 @@ impl Engine {
         &self.tx[self.tx_off..]
     }
 
-    /// The socket took `n` bytes.
+    /// The socket took `n` bytes. SENDs and WRITEs whose last byte is now taken complete
+    /// (in posting order, behind any READ still waiting for its response).
     pub fn tx_consumed(&mut self, n: usize) {
         self.tx_off = (self.tx_off + n).min(self.tx.len());
         if self.tx_off == self.tx.len() {
             self.tx_base += self.tx.len() as u64;
             self.tx.clear();
             self.tx_off = 0;
+        }
+        if self.phase == Phase::Running && self.inflight.written_through(self.tx_written()) {
+            let qp = self.qp.clone();
+            self.inflight.release(&qp);
         }
     }
 
@@ -61,9 +66,8 @@ impl Engine {
         if !self.tx_enabled {
             return;
         }
-        if self.rtr_pending && self.orq.len() < self.cfg.ord.max(1) as usize {
-            self.rtr_pending = false;
-            self.send_fence();
+        if let Some(rtr) = self.rtr_pending.take() {
+            self.send_rtr(rtr);
         }
         while self.tx.len() - self.tx_off < TX_HIGH_WATER && self.phase == Phase::Running {
             if self.cur.is_some() {
@@ -72,13 +76,6 @@ impl Engine {
             }
             if let Some(rr) = self.irq.pop_front() {
                 self.start_read_response(rr);
-                continue;
-            }
-            if self.unconfirmed_bytes >= FENCE_BYTES
-                && self.inflight.wants_fence()
-                && self.orq.len() < self.cfg.ord.max(1) as usize
-            {
-                self.send_fence();
                 continue;
             }
             let ord = self.cfg.ord.max(1) as usize;
@@ -90,20 +87,27 @@ impl Engine {
             });
             match wqe {
                 Some(w) => self.start_wqe(w),
-                None => {
-                    if self.inflight.wants_fence() && self.orq.len() < ord {
-                        self.send_fence();
-                    }
-                    break;
-                }
+                None => break,
             }
         }
     }
 
-    fn send_fence(&mut self) {
+    /// The peer-to-peer RTR (RFC 6581 §9): a zero-length RDMA WRITE (STag 0; a zero-length
+    /// WRITE places nothing and checks no STag) or a zero-length RDMA READ, whose empty Read
+    /// Response completes nothing.
+    fn send_rtr(&mut self, rtr: Rtr) {
+        if rtr == Rtr::Write {
+            let hdr = SegmentHeader {
+                last: true,
+                opcode: Opcode::RdmaWrite,
+                ddp: DdpHeader::Tagged { stag: 0, to: 0 },
+            };
+            self.emit_segment(&hdr, 0, |_| {});
+            return;
+        }
         let msn = self.rreq_msn;
         self.rreq_msn = self.rreq_msn.wrapping_add(1);
-        let seq = self.inflight.push(Kind::Fence { msn }, 0, 0, false);
+        let seq = self.inflight.push(Kind::Rtr { msn }, 0, 0, false);
         self.orq.push_back(OrqEntry {
             seq,
             sink_to: 0,
@@ -121,8 +125,6 @@ impl Engine {
                 src_to: 0,
             },
         );
-        self.unconfirmed_bytes = 0;
-        self.stats.fences += 1;
     }
 
     fn emit_read_request(&mut self, msn: u32, rr: ReadRequest) {
@@ -222,7 +224,6 @@ impl Engine {
             }
         };
         let seq = self.inflight.push(kind, wqe.wr.wr_id, total as u32, wqe.signaled);
-        self.unconfirmed_bytes += total as u64;
         self.cur = Some(TxMsg {
             header,
             payload,
@@ -262,7 +263,6 @@ impl Engine {
                 src_to: wqe.wr.remote_addr,
             },
         );
-        self.unconfirmed_bytes = 0;
     }
 
     fn start_read_response(&mut self, rr: ReadResp) {
