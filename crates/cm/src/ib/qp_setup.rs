@@ -33,9 +33,12 @@ pub struct RcPath {
     pub traffic_class: u8,
     /// The peer's QPN.
     pub remote_qpn: u32,
-    /// The peer's starting PSN: our receive PSN.
+    /// The starting PSN in the peer's REQ or REP: the PSN we send with.
     pub remote_psn: u32,
-    /// Our starting PSN.
+    /// The starting PSN in our own REQ or REP: the PSN we expect to receive. This is what
+    /// Linux's IB CM does (`ib_send_cm_req`/`ib_send_cm_rep` set `rq_psn`, `cm_req_handler`/
+    /// `cm_rep_handler` set `sq_psn` from the peer's message), and kernel rxe peers send with
+    /// the PSN we announced.
     pub local_psn: u32,
     /// Incoming RDMA READ/atomics we allow (max_dest_rd_atomic).
     pub responder_resources: u8,
@@ -85,7 +88,7 @@ pub fn rtr_attr(p: &RcPath) -> (QpAttr, u32) {
         qp_state: Some(QpState::Rtr),
         path_mtu: p.path_mtu,
         dest_qp_num: p.remote_qpn,
-        rq_psn: p.remote_psn,
+        rq_psn: p.local_psn,
         max_dest_rd_atomic: p.responder_resources,
         min_rnr_timer: 0,
         ah_attr: ah_attr(p.peer.unwrap_or(Ipv4Addr::UNSPECIFIED), p.sgid_index, p.traffic_class),
@@ -104,7 +107,7 @@ pub fn rts_attr(p: &RcPath) -> (QpAttr, u32) {
         timeout: p.ack_timeout,
         retry_cnt: p.retry_count & 7,
         rnr_retry: p.rnr_retry & 7,
-        sq_psn: p.local_psn,
+        sq_psn: p.remote_psn,
         max_rd_atomic: p.initiator_depth,
         ..QpAttr::default()
     };
@@ -221,13 +224,15 @@ mod tests {
         assert!(a.ah_attr.is_global);
         assert_eq!(
             (a.dest_qp_num, a.rq_psn, a.max_dest_rd_atomic),
-            (0x01_1234, 0xab_cdef, 4)
+            (0x01_1234, 0x12_3456, 4),
+            "we receive with the PSN we announced"
         );
         let (a, m) = rts_attr(&p);
         check_transition(rules, QpType::Rc, QpState::Rtr, QpState::Rts, m).unwrap();
         assert_eq!(
             (a.sq_psn, a.max_rd_atomic, a.retry_cnt, a.rnr_retry),
-            (0x12_3456, 2, 7, 7)
+            (0xab_cdef, 2, 7, 7),
+            "we send with the PSN the peer announced"
         );
         assert!(init_qp_attr(QpType::Rc, QpState::Rtr, None, 0).is_none());
         let (_, m) = init_qp_attr(QpType::Ud, QpState::Rts, None, 0).unwrap();
