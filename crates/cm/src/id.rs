@@ -5,6 +5,7 @@ use crate::event::{CmEvent, EventChannel, EventType};
 use crate::ib;
 use crate::options::{CmOption, Options};
 use crate::param::{ConnParam, UdParam};
+use crate::ports::{Binding, PortClaim};
 use crate::state::{CmState, PortSpace};
 use crate::MAX_PRIVATE_DATA;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -28,6 +29,8 @@ pub(crate) struct IdState {
     pub(crate) device: Option<DeviceInfo>,
     pub(crate) context: Option<Context>,
     pub(crate) reserved: Option<Socket>,
+    /// The id's entry in the rdma_cm port space (from `rdma_bind_addr` until destroy).
+    port: Option<PortClaim>,
     listener: Option<Listener>,
     request: Option<ConnRequest>,
     conn: Option<ConnHandle>,
@@ -225,6 +228,32 @@ pub(crate) fn resources(v: u8, max: i32, what: &str) -> Result<u32> {
     }
 }
 
+/// The socket that holds an id's port: TCP for the TCP and IB port spaces (iWARP listens and
+/// connects on it), UDP for RDMA_PS_UDP. A TCP socket always has SO_REUSEADDR, as siw's
+/// listening sockets: the connections of an earlier listener on the port (ESTABLISHED or in
+/// TIME_WAIT after a close from this side, which inherited the flag) do not block a new
+/// one, while TCP still refuses a second live listener. The rdma_cm rules between ids, and
+/// REUSEADDR, are the port space's ([`PortClaim`]).
+fn bind_socket(ps: PortSpace, addr: SocketAddr, opts: &Options) -> Result<Socket> {
+    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let udp = ps == PortSpace::Udp;
+    let sock = if udp {
+        Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+    } else {
+        Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+    }
+    .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
+    let _ = sock.set_cloexec(true);
+    sock.set_reuse_address(!udp || opts.reuse_addr)
+        .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
+    if addr.is_ipv6() {
+        let _ = sock.set_only_v6(opts.af_only.unwrap_or(false));
+    }
+    sock.bind(&addr.into())
+        .map_err(|e| Error::os(format!("rdma_bind_addr {addr}"), &e))?;
+    Ok(sock)
+}
+
 fn check_pd(op: &str, pd: &[u8]) -> Result<()> {
     if pd.len() > MAX_PRIVATE_DATA {
         bail!(
@@ -265,6 +294,7 @@ impl CmId {
                     device: None,
                     context: None,
                     reserved: None,
+                    port: None,
                     listener: None,
                     request: None,
                     conn: None,
@@ -433,24 +463,39 @@ impl CmId {
             Ok(d) => d,
             Err(_) => addr::bind_device(&devs, &device::list_interfaces()?, addr)?,
         };
-        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-        // The port spaces: TCP and IB ids hold a TCP port, UDP ids a UDP port.
-        let sock = if self.inner.ps == PortSpace::Udp {
-            Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+        let ps = self.inner.ps;
+        let af_only = st.opts.af_only.unwrap_or(addr.is_ipv4());
+        let reuse = st.opts.reuse_addr;
+        // A given port is checked against the other ids first, so a conflict is reported as
+        // the kernel's port space reports it (EADDRINUSE / EADDRNOTAVAIL) rather than TCP's.
+        let (sock, claim) = if addr.port() != 0 {
+            let claim = PortClaim::take(Binding::new(ps, addr, af_only, reuse))?;
+            (bind_socket(ps, addr, &st.opts)?, claim)
         } else {
-            Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
-        }
-        .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
-        let _ = sock.set_cloexec(true);
-        sock.set_reuse_address(st.opts.reuse_addr)
-            .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
-        if addr.is_ipv6() {
-            let _ = sock.set_only_v6(st.opts.af_only.unwrap_or(false));
-        }
-        sock.bind(&addr.into())
-            .map_err(|e| Error::os(format!("rdma_bind_addr {addr}"), &e))?;
+            // Port 0: the kernel picks a port free in TCP (or UDP); another softrdma id may
+            // still hold it in the port space (bound, not listening): pick again.
+            let mut tries = 0;
+            loop {
+                let sock = bind_socket(ps, addr, &st.opts)?;
+                let port = sock
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_socket())
+                    .map(|a| a.port())
+                    .unwrap_or(0);
+                match PortClaim::take(Binding::new(ps, SocketAddr::new(addr.ip(), port), af_only, reuse)) {
+                    Ok(c) => break (sock, c),
+                    Err(e) if tries < 16 && matches!(e.errno, Errno::AddrInUse | Errno::AddrNotAvail) => {
+                        tries += 1;
+                        tracing::debug!("rdma_bind_addr {addr}: port {port} is taken in the port space: {e}");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
         st.local = sock.local_addr().ok().and_then(|a| a.as_socket());
         st.reserved = Some(sock);
+        st.port = Some(claim);
         if let Some(d) = dev {
             Self::attach(&mut st, d)?;
         }
@@ -749,6 +794,12 @@ impl CmId {
         if st.reserved.is_none() {
             bail!(Inval, "rdma_listen: the id lost its bound socket")
         }
+        // As the kernel: a listener bound with REUSEADDR must be alone on its address, and
+        // holds it alone from now on.
+        if let Some(c) = st.port.as_mut() {
+            c.make_exclusive()?;
+        }
+        st.opts.reuse_addr = false;
         let bound = st.local.map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let ps = self.inner.ps;
         let devs = self.devices_for(&st, "rdma_listen")?;
@@ -911,8 +962,12 @@ impl CmId {
                 if !((r && st.state != CmState::Listen) || st.state == CmState::Idle) {
                     bail!(Inval, "RDMA_OPTION_ID_REUSEADDR: not allowed in state {}", st.state);
                 }
+                if let Some(c) = st.port.as_mut() {
+                    c.set_reuse(r)?;
+                }
                 st.opts.reuse_addr = r;
-                if let Some(s) = &st.reserved {
+                // A TCP socket keeps SO_REUSEADDR (see `bind_socket`).
+                if let (Some(s), PortSpace::Udp) = (&st.reserved, self.inner.ps) {
                     let _ = s.set_reuse_address(r);
                 }
             }
@@ -1049,7 +1104,11 @@ impl CmId {
             ib::close::destroy(h);
         }
         drop(qp);
-        self.lock().reserved = None;
+        {
+            let mut st = self.lock();
+            st.reserved = None;
+            st.port = None;
+        }
         for ev in ch.take_requests_of(&self.inner) {
             let child = ev.id.clone();
             drop(ev);
