@@ -17,6 +17,18 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+/// How long an iWARP connect to this host that TCP refused is tried again before REJECTED
+/// (see `IdInner::retry_refused`).
+const LOCAL_REFUSED_BUDGET: Duration = Duration::from_millis(250);
+
+/// An active iWARP id's connect, kept for `IdInner::retry_refused`.
+#[derive(Debug, Clone)]
+pub(crate) struct IwarpRetry {
+    param: ConnParam,
+    first: std::time::Instant,
+    tries: u32,
+}
+
 /// Largest backlog (`net.rdma_ucm.max_backlog` default).
 pub const MAX_BACKLOG: u32 = 1024;
 
@@ -47,6 +59,8 @@ pub(crate) struct IdState {
     pub(crate) mcast: Vec<ib::mcast::Joined>,
     /// An active RoCE id's connect, for a retry when this host had no listener yet.
     pub(crate) connect_retry: Option<ib::active::ConnectRetry>,
+    /// An active iWARP id's connect, for a retry when this host had no listener yet.
+    iwarp_retry: Option<IwarpRetry>,
 }
 
 /// Shared state of an id.
@@ -167,7 +181,11 @@ impl IdInner {
                 errno,
                 private_data,
                 reason,
+                nothing_listens,
             } => {
+                if nothing_listens && self.retry_refused() {
+                    return;
+                }
                 self.lock().conn = None;
                 let param = ConnParam {
                     private_data,
@@ -205,6 +223,101 @@ impl IdInner {
                 }
                 self.post(EventType::Disconnected, 0, ConnParam::default(), reason, None);
             }
+        }
+    }
+
+    /// An iWARP connect to this host that TCP refused (nothing listens yet): instead of
+    /// REJECTED, connects again after 2, 4, 8, ... ms for at most [`LOCAL_REFUSED_BUDGET`], as
+    /// the RoCE side does for its REJ reason 8 (`ib::active::retry_unclaimed`, which says why:
+    /// perftest `-R` listens again just while its client connects). True when a retry is
+    /// scheduled.
+    fn retry_refused(self: &Arc<Self>) -> bool {
+        let delay = {
+            let mut st = self.lock();
+            if st.state != CmState::Connect || st.disconnected {
+                return false;
+            }
+            let Some(dst) = st.peer else { return false };
+            let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], dst.ip()));
+            let Some(r) = st.iwarp_retry.as_mut() else {
+                return false;
+            };
+            // Every refusal ends the attempt it answers (a retry started before it arrived
+            // must not keep its handle).
+            r.tries += 1;
+            let attempt = r.tries;
+            if !local || r.first.elapsed() >= LOCAL_REFUSED_BUDGET {
+                return false;
+            }
+            let delay = Duration::from_millis(2u64 << attempt.min(8));
+            st.conn = None;
+            tracing::debug!(peer = %dst, ?delay, "rdma_connect: nothing listens on this host yet, connecting again");
+            (delay, attempt)
+        };
+        let (delay, attempt) = delay;
+        let w = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("softrdma-cm-retry".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                if let Some(id) = w.upgrade() {
+                    id.reconnect(attempt);
+                }
+            })
+            .is_ok()
+    }
+
+    /// The retry of [`IdInner::retry_refused`], unless the id moved on meanwhile.
+    fn reconnect(self: &Arc<Self>, attempt: u32) {
+        let me = CmId { inner: self.clone() };
+        let current = |st: &IdState| {
+            st.state == CmState::Connect
+                && !st.disconnected
+                && st.iwarp_retry.as_ref().is_some_and(|r| r.tries == attempt)
+        };
+        let started = {
+            let st = self.lock();
+            let (Some(r), Some(qp), Some(dst)) = (st.iwarp_retry.as_ref(), st.qp.clone(), st.peer) else {
+                return;
+            };
+            if !current(&st) {
+                return;
+            }
+            let params = match me.connect_params(&st, &r.param) {
+                Ok(p) => p,
+                Err(e) => {
+                    drop(st);
+                    return self.post(
+                        EventType::ConnectError,
+                        -e.errno.raw(),
+                        ConnParam::default(),
+                        e.msg,
+                        None,
+                    );
+                }
+            };
+            // The bound source address and port, if the id had one (its socket is gone).
+            let src = st.local.filter(|a| !addr::is_wildcard(a.ip()));
+            drop(st);
+            softrdma_iwarp::connect(&qp, dst, ConnectParams { src, ..params }, self.sink())
+        };
+        match started {
+            Ok(h) => {
+                let mut st = self.lock();
+                if current(&st) {
+                    st.conn = Some(h);
+                } else {
+                    drop(st);
+                    h.disconnect();
+                }
+            }
+            Err(e) => self.post(
+                EventType::Rejected,
+                -libc::ECONNREFUSED,
+                ConnParam::default(),
+                e.msg,
+                None,
+            ),
         }
     }
 
@@ -307,6 +420,7 @@ impl CmId {
                     ib_listen: None,
                     mcast: Vec::new(),
                     connect_retry: None,
+                    iwarp_retry: None,
                 }),
                 acked: Condvar::new(),
             }),
@@ -750,6 +864,11 @@ impl CmId {
             let src = st.local.filter(|a| !addr::is_wildcard(a.ip()));
             st.state = CmState::Connect;
             st.disconnected = false;
+            st.iwarp_retry = Some(IwarpRetry {
+                param: param.clone(),
+                first: std::time::Instant::now(),
+                tries: 0,
+            });
             (st.reserved.take(), qp, dst, params, src)
         };
         let sink = self.inner.sink();

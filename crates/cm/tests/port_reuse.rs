@@ -321,3 +321,37 @@ fn child_holds_ports() {
     println!("LISTENING {}", l.src_port());
     std::thread::sleep(Duration::from_secs(20));
 }
+
+/// perftest `-R` listens again on its port just while its client connects: an iWARP connect
+/// to this host that finds nothing listening is tried again for a short while (as the RoCE
+/// side does with its REJ reason 8) instead of REJECTED at once.
+#[test]
+fn connect_to_this_host_waits_briefly_for_a_listener() {
+    let port = free_port();
+    let at = SocketAddr::from(([127, 0, 0, 1], port));
+    let (chs, chc) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let c = id(Some(&chc));
+    c.resolve_addr(None, at, 2000).unwrap();
+    drop(expect(&chc, EventType::AddrResolved));
+    c.resolve_route(2000).unwrap();
+    drop(expect(&chc, EventType::RouteResolved));
+    let cs = side(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let l = id(Some(&chs));
+    l.bind_addr(at).unwrap();
+    l.listen(1).unwrap();
+    let req = expect(&chs, EventType::ConnectRequest);
+    let s = req.id.clone();
+    drop(req);
+    let ss = side(&s);
+    s.accept(None).unwrap();
+    drop(expect(&chs, EventType::Established));
+    drop(expect(&chc, EventType::Established));
+    c.disconnect().unwrap();
+    drop(expect(&chc, EventType::Disconnected));
+    drop(expect(&chs, EventType::Disconnected));
+    teardown(c, cs);
+    teardown(s, ss);
+    l.destroy().unwrap();
+}
