@@ -169,6 +169,18 @@ impl IdInner {
     fn on_conn_event(self: &Arc<Self>, ev: ConnEvent) {
         match ev {
             ConnEvent::Established { private_data, ird, ord } => {
+                // A retried connect (`retry_refused`) stores its handle when `connect`
+                // returns, which may be after the connection completed: ESTABLISHED waits for
+                // it (briefly; nothing else holds it up), or `rdma_disconnect` would find none.
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_millis(200) {
+                    let st = self.lock();
+                    if st.conn.is_some() || st.iwarp_retry.as_ref().is_none_or(|r| r.tries == 0) {
+                        break;
+                    }
+                    drop(st);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let param = ConnParam {
                     private_data,
                     responder_resources: ird.min(255) as u8,
@@ -885,7 +897,13 @@ impl CmId {
             ),
         };
         match started {
-            Ok(h) => self.lock().conn = Some(h),
+            // Unless TCP refused it already and a retry took over (`retry_refused`).
+            Ok(h) => {
+                let mut st = self.lock();
+                if st.iwarp_retry.as_ref().is_none_or(|r| r.tries == 0) {
+                    st.conn = Some(h);
+                }
+            }
             Err(e) => {
                 self.lock().state = CmState::RouteResolved;
                 return Err(e);
