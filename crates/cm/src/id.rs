@@ -5,6 +5,7 @@ use crate::event::{CmEvent, EventChannel, EventType};
 use crate::ib;
 use crate::options::{CmOption, Options};
 use crate::param::{ConnParam, UdParam};
+use crate::ports::{Binding, PortClaim};
 use crate::state::{CmState, PortSpace};
 use crate::MAX_PRIVATE_DATA;
 use socket2::{Domain, Protocol, Socket, Type};
@@ -15,6 +16,18 @@ use softrdma_verbs::{bail, Access, Context, Errno, Error, Pd, Qp, QpAttr, QpInit
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
+
+/// How long an iWARP connect to this host that TCP refused is tried again before REJECTED
+/// (see `IdInner::retry_refused`).
+const LOCAL_REFUSED_BUDGET: Duration = Duration::from_millis(250);
+
+/// An active iWARP id's connect, kept for `IdInner::retry_refused`.
+#[derive(Debug, Clone)]
+pub(crate) struct IwarpRetry {
+    param: ConnParam,
+    first: std::time::Instant,
+    tries: u32,
+}
 
 /// Largest backlog (`net.rdma_ucm.max_backlog` default).
 pub const MAX_BACKLOG: u32 = 1024;
@@ -28,6 +41,8 @@ pub(crate) struct IdState {
     pub(crate) device: Option<DeviceInfo>,
     pub(crate) context: Option<Context>,
     pub(crate) reserved: Option<Socket>,
+    /// The id's entry in the rdma_cm port space (from `rdma_bind_addr` until destroy).
+    port: Option<PortClaim>,
     listener: Option<Listener>,
     request: Option<ConnRequest>,
     conn: Option<ConnHandle>,
@@ -44,6 +59,8 @@ pub(crate) struct IdState {
     pub(crate) mcast: Vec<ib::mcast::Joined>,
     /// An active RoCE id's connect, for a retry when this host had no listener yet.
     pub(crate) connect_retry: Option<ib::active::ConnectRetry>,
+    /// An active iWARP id's connect, for a retry when this host had no listener yet.
+    iwarp_retry: Option<IwarpRetry>,
 }
 
 /// Shared state of an id.
@@ -152,6 +169,18 @@ impl IdInner {
     fn on_conn_event(self: &Arc<Self>, ev: ConnEvent) {
         match ev {
             ConnEvent::Established { private_data, ird, ord } => {
+                // A retried connect (`retry_refused`) stores its handle when `connect`
+                // returns, which may be after the connection completed: ESTABLISHED waits for
+                // it (briefly; nothing else holds it up), or `rdma_disconnect` would find none.
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_millis(200) {
+                    let st = self.lock();
+                    if st.conn.is_some() || st.iwarp_retry.as_ref().is_none_or(|r| r.tries == 0) {
+                        break;
+                    }
+                    drop(st);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let param = ConnParam {
                     private_data,
                     responder_resources: ird.min(255) as u8,
@@ -164,7 +193,11 @@ impl IdInner {
                 errno,
                 private_data,
                 reason,
+                nothing_listens,
             } => {
+                if nothing_listens && self.retry_refused() {
+                    return;
+                }
                 self.lock().conn = None;
                 let param = ConnParam {
                     private_data,
@@ -205,6 +238,101 @@ impl IdInner {
         }
     }
 
+    /// An iWARP connect to this host that TCP refused (nothing listens yet): instead of
+    /// REJECTED, connects again after 2, 4, 8, ... ms for at most [`LOCAL_REFUSED_BUDGET`], as
+    /// the RoCE side does for its REJ reason 8 (`ib::active::retry_unclaimed`, which says why:
+    /// perftest `-R` listens again just while its client connects). True when a retry is
+    /// scheduled.
+    fn retry_refused(self: &Arc<Self>) -> bool {
+        let delay = {
+            let mut st = self.lock();
+            if st.state != CmState::Connect || st.disconnected {
+                return false;
+            }
+            let Some(dst) = st.peer else { return false };
+            let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], dst.ip()));
+            let Some(r) = st.iwarp_retry.as_mut() else {
+                return false;
+            };
+            // Every refusal ends the attempt it answers (a retry started before it arrived
+            // must not keep its handle).
+            r.tries += 1;
+            let attempt = r.tries;
+            if !local || r.first.elapsed() >= LOCAL_REFUSED_BUDGET {
+                return false;
+            }
+            let delay = Duration::from_millis(2u64 << attempt.min(8));
+            st.conn = None;
+            tracing::debug!(peer = %dst, ?delay, "rdma_connect: nothing listens on this host yet, connecting again");
+            (delay, attempt)
+        };
+        let (delay, attempt) = delay;
+        let w = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("softrdma-cm-retry".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                if let Some(id) = w.upgrade() {
+                    id.reconnect(attempt);
+                }
+            })
+            .is_ok()
+    }
+
+    /// The retry of [`IdInner::retry_refused`], unless the id moved on meanwhile.
+    fn reconnect(self: &Arc<Self>, attempt: u32) {
+        let me = CmId { inner: self.clone() };
+        let current = |st: &IdState| {
+            st.state == CmState::Connect
+                && !st.disconnected
+                && st.iwarp_retry.as_ref().is_some_and(|r| r.tries == attempt)
+        };
+        let started = {
+            let st = self.lock();
+            let (Some(r), Some(qp), Some(dst)) = (st.iwarp_retry.as_ref(), st.qp.clone(), st.peer) else {
+                return;
+            };
+            if !current(&st) {
+                return;
+            }
+            let params = match me.connect_params(&st, &r.param) {
+                Ok(p) => p,
+                Err(e) => {
+                    drop(st);
+                    return self.post(
+                        EventType::ConnectError,
+                        -e.errno.raw(),
+                        ConnParam::default(),
+                        e.msg,
+                        None,
+                    );
+                }
+            };
+            // The bound source address and port, if the id had one (its socket is gone).
+            let src = st.local.filter(|a| !addr::is_wildcard(a.ip()));
+            drop(st);
+            softrdma_iwarp::connect(&qp, dst, ConnectParams { src, ..params }, self.sink())
+        };
+        match started {
+            Ok(h) => {
+                let mut st = self.lock();
+                if current(&st) {
+                    st.conn = Some(h);
+                } else {
+                    drop(st);
+                    h.disconnect();
+                }
+            }
+            Err(e) => self.post(
+                EventType::Rejected,
+                -libc::ECONNREFUSED,
+                ConnParam::default(),
+                e.msg,
+                None,
+            ),
+        }
+    }
+
     fn sink(self: &Arc<Self>) -> EventSink {
         let w = Arc::downgrade(self);
         Arc::new(move |ev| {
@@ -223,6 +351,32 @@ pub(crate) fn resources(v: u8, max: i32, what: &str) -> Result<u32> {
         v if v as u32 > max => bail!(Inval, "{what} {v} exceeds the device limit {max}"),
         v => Ok(v as u32),
     }
+}
+
+/// The socket that holds an id's port: TCP for the TCP and IB port spaces (iWARP listens and
+/// connects on it), UDP for RDMA_PS_UDP. A TCP socket always has SO_REUSEADDR, as siw's
+/// listening sockets: the connections of an earlier listener on the port (ESTABLISHED or in
+/// TIME_WAIT after a close from this side, which inherited the flag) do not block a new
+/// one, while TCP still refuses a second live listener. The rdma_cm rules between ids, and
+/// REUSEADDR, are the port space's ([`PortClaim`]).
+fn bind_socket(ps: PortSpace, addr: SocketAddr, opts: &Options) -> Result<Socket> {
+    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let udp = ps == PortSpace::Udp;
+    let sock = if udp {
+        Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+    } else {
+        Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
+    }
+    .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
+    let _ = sock.set_cloexec(true);
+    sock.set_reuse_address(!udp || opts.reuse_addr)
+        .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
+    if addr.is_ipv6() {
+        let _ = sock.set_only_v6(opts.af_only.unwrap_or(false));
+    }
+    sock.bind(&addr.into())
+        .map_err(|e| Error::os(format!("rdma_bind_addr {addr}"), &e))?;
+    Ok(sock)
 }
 
 fn check_pd(op: &str, pd: &[u8]) -> Result<()> {
@@ -265,6 +419,7 @@ impl CmId {
                     device: None,
                     context: None,
                     reserved: None,
+                    port: None,
                     listener: None,
                     request: None,
                     conn: None,
@@ -277,6 +432,7 @@ impl CmId {
                     ib_listen: None,
                     mcast: Vec::new(),
                     connect_retry: None,
+                    iwarp_retry: None,
                 }),
                 acked: Condvar::new(),
             }),
@@ -433,24 +589,39 @@ impl CmId {
             Ok(d) => d,
             Err(_) => addr::bind_device(&devs, &device::list_interfaces()?, addr)?,
         };
-        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-        // The port spaces: TCP and IB ids hold a TCP port, UDP ids a UDP port.
-        let sock = if self.inner.ps == PortSpace::Udp {
-            Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+        let ps = self.inner.ps;
+        let af_only = st.opts.af_only.unwrap_or(addr.is_ipv4());
+        let reuse = st.opts.reuse_addr;
+        // A given port is checked against the other ids first, so a conflict is reported as
+        // the kernel's port space reports it (EADDRINUSE / EADDRNOTAVAIL) rather than TCP's.
+        let (sock, claim) = if addr.port() != 0 {
+            let claim = PortClaim::take(Binding::new(ps, addr, af_only, reuse))?;
+            (bind_socket(ps, addr, &st.opts)?, claim)
         } else {
-            Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
-        }
-        .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
-        let _ = sock.set_cloexec(true);
-        sock.set_reuse_address(st.opts.reuse_addr)
-            .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
-        if addr.is_ipv6() {
-            let _ = sock.set_only_v6(st.opts.af_only.unwrap_or(false));
-        }
-        sock.bind(&addr.into())
-            .map_err(|e| Error::os(format!("rdma_bind_addr {addr}"), &e))?;
+            // Port 0: the kernel picks a port free in TCP (or UDP); another softrdma id may
+            // still hold it in the port space (bound, not listening): pick again.
+            let mut tries = 0;
+            loop {
+                let sock = bind_socket(ps, addr, &st.opts)?;
+                let port = sock
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_socket())
+                    .map(|a| a.port())
+                    .unwrap_or(0);
+                match PortClaim::take(Binding::new(ps, SocketAddr::new(addr.ip(), port), af_only, reuse)) {
+                    Ok(c) => break (sock, c),
+                    Err(e) if tries < 16 && matches!(e.errno, Errno::AddrInUse | Errno::AddrNotAvail) => {
+                        tries += 1;
+                        tracing::debug!("rdma_bind_addr {addr}: port {port} is taken in the port space: {e}");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
         st.local = sock.local_addr().ok().and_then(|a| a.as_socket());
         st.reserved = Some(sock);
+        st.port = Some(claim);
         if let Some(d) = dev {
             Self::attach(&mut st, d)?;
         }
@@ -705,6 +876,11 @@ impl CmId {
             let src = st.local.filter(|a| !addr::is_wildcard(a.ip()));
             st.state = CmState::Connect;
             st.disconnected = false;
+            st.iwarp_retry = Some(IwarpRetry {
+                param: param.clone(),
+                first: std::time::Instant::now(),
+                tries: 0,
+            });
             (st.reserved.take(), qp, dst, params, src)
         };
         let sink = self.inner.sink();
@@ -721,7 +897,13 @@ impl CmId {
             ),
         };
         match started {
-            Ok(h) => self.lock().conn = Some(h),
+            // Unless TCP refused it already and a retry took over (`retry_refused`).
+            Ok(h) => {
+                let mut st = self.lock();
+                if st.iwarp_retry.as_ref().is_none_or(|r| r.tries == 0) {
+                    st.conn = Some(h);
+                }
+            }
             Err(e) => {
                 self.lock().state = CmState::RouteResolved;
                 return Err(e);
@@ -749,6 +931,12 @@ impl CmId {
         if st.reserved.is_none() {
             bail!(Inval, "rdma_listen: the id lost its bound socket")
         }
+        // As the kernel: a listener bound with REUSEADDR must be alone on its address, and
+        // holds it alone from now on.
+        if let Some(c) = st.port.as_mut() {
+            c.make_exclusive()?;
+        }
+        st.opts.reuse_addr = false;
         let bound = st.local.map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let ps = self.inner.ps;
         let devs = self.devices_for(&st, "rdma_listen")?;
@@ -911,8 +1099,12 @@ impl CmId {
                 if !((r && st.state != CmState::Listen) || st.state == CmState::Idle) {
                     bail!(Inval, "RDMA_OPTION_ID_REUSEADDR: not allowed in state {}", st.state);
                 }
+                if let Some(c) = st.port.as_mut() {
+                    c.set_reuse(r)?;
+                }
                 st.opts.reuse_addr = r;
-                if let Some(s) = &st.reserved {
+                // A TCP socket keeps SO_REUSEADDR (see `bind_socket`).
+                if let (Some(s), PortSpace::Udp) = (&st.reserved, self.inner.ps) {
                     let _ = s.set_reuse_address(r);
                 }
             }
@@ -1049,7 +1241,11 @@ impl CmId {
             ib::close::destroy(h);
         }
         drop(qp);
-        self.lock().reserved = None;
+        {
+            let mut st = self.lock();
+            st.reserved = None;
+            st.port = None;
+        }
         for ev in ch.take_requests_of(&self.inner) {
             let child = ev.id.clone();
             drop(ev);

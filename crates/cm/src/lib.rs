@@ -23,6 +23,7 @@ mod ib;
 mod id;
 mod options;
 mod param;
+mod ports;
 mod state;
 
 pub use addr::advertised_addresses;

@@ -1051,7 +1051,6 @@ fn destroy_waits_for_unacked_events() {
 }
 
 #[test]
-#[ignore = "known difference (checklist 9): binding 0.0.0.0:p while 127.0.0.1:p is bound gives the kernel TCP errno EADDRINUSE; cma_check_port gives EADDRNOTAVAIL"]
 fn bind_wildcard_conflict_is_eaddrnotavail_like_cma() {
     let a = new_id(None);
     a.bind_addr(sa("127.0.0.1:0")).unwrap();

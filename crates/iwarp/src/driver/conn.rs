@@ -311,6 +311,7 @@ impl TcpConn {
                     errno,
                     private_data: Vec::new(),
                     reason: format!("connect to {peer}: connection refused (nothing listens on that port)"),
+                    nothing_listens: true,
                 }
             } else {
                 ConnEvent::Unreachable {
@@ -335,6 +336,7 @@ impl TcpConn {
                         errno: Errno::ConnRefused,
                         private_data: Vec::new(),
                         reason,
+                        nothing_listens: true,
                     }),
                 );
             }
@@ -378,6 +380,7 @@ impl TcpConn {
                     errno: Errno::ConnReset,
                     private_data: Vec::new(),
                     reason: format!("connect to {peer}: {e}"),
+                    nothing_listens: false,
                 }),
             );
         }
@@ -390,6 +393,7 @@ impl TcpConn {
                         errno: Errno::ConnReset,
                         private_data: Vec::new(),
                         reason: format!("connect to {peer}: {e}"),
+                        nothing_listens: false,
                     }),
                 )
             }
@@ -403,6 +407,7 @@ impl TcpConn {
                         errno: Errno::ConnRefused,
                         private_data: pd,
                         reason,
+                        nothing_listens: false,
                     }),
                 )
             }
@@ -454,6 +459,7 @@ impl TcpConn {
                         errno: Errno::ConnReset,
                         private_data: Vec::new(),
                         reason,
+                        nothing_listens: false,
                     }),
                 )
             }
@@ -694,6 +700,8 @@ pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink)
     let sock = Socket::new(addr_domain(&dst), Type::STREAM, Some(Protocol::TCP))
         .map_err(|e| Error::os(format!("connect to {dst}: socket"), &e))?;
     if let Some(src) = params.src {
+        // As siw's active side: the port is usable again at once after the connection.
+        let _ = sock.set_reuse_address(true);
         sock.bind(&src.into())
             .map_err(|e| Error::os(format!("connect to {dst}: bind {src}"), &e))?;
     }

@@ -37,6 +37,9 @@ pub enum ConnEvent {
         private_data: Vec<u8>,
         /// What happened, naming the address.
         reason: String,
+        /// True when nothing listened (TCP refused the connection); false for an MPA reject
+        /// or a peer that closed during setup.
+        nothing_listens: bool,
     },
     /// No answer within the timeout, or no route.
     Unreachable {
