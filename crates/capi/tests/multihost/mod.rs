@@ -70,6 +70,9 @@ pub struct Hosts {
     pub b: String,
     pub addr_a: String,
     pub addr_b: String,
+    /// IPv6 addresses (ULA `fd52:4f43:K::1` and `::2`), after [`Hosts::add_ipv6`]; empty before.
+    pub addr6_a: String,
+    pub addr6_b: String,
     /// The veth ends: `veth_a` lives in `a`, `veth_b` in `b`.
     pub veth_a: String,
     pub veth_b: String,
@@ -85,6 +88,8 @@ impl Hosts {
             b: format!("srm{tag}{pid}b"),
             addr_a: format!("198.18.{k}.1"),
             addr_b: format!("198.18.{k}.2"),
+            addr6_a: String::new(),
+            addr6_b: String::new(),
             veth_a: format!("m{tag}{pid}a"),
             veth_b: format!("m{tag}{pid}b"),
         };
@@ -101,6 +106,31 @@ impl Hosts {
         }
         h.wait_running()?;
         Ok(h)
+    }
+
+    /// Gives both veth ends an IPv6 address of one /64 (`nodad`: usable at once). After the
+    /// IPv4 address and before the link-local one, it is GID 1 of each host's RoCE device.
+    pub fn add_ipv6(&mut self) -> Result<(), String> {
+        let k = std::process::id() % 250 + 1;
+        self.addr6_a = format!("fd52:4f43:{k:x}::1");
+        self.addr6_b = format!("fd52:4f43:{k:x}::2");
+        for (ns, dev, addr) in [
+            (&self.a, &self.veth_a, &self.addr6_a),
+            (&self.b, &self.veth_b, &self.addr6_b),
+        ] {
+            ip(&[
+                "-n",
+                ns,
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ])?;
+        }
+        Ok(())
     }
 
     /// Runs `f` on a thread that joined namespace `ns` (sockets it makes stay there).
@@ -252,8 +282,10 @@ pub fn workspace_root() -> PathBuf {
 
 /// `../shared/wirecheck/wirecheck` next to the workspace (as in CI), if present.
 pub fn wirecheck_path() -> Option<PathBuf> {
-    let p = workspace_root().join("../shared/wirecheck/wirecheck");
-    p.is_file().then_some(p)
+    ["../shared/wirecheck/wirecheck", "tools/wirecheck/wirecheck"]
+        .into_iter()
+        .map(|rel| workspace_root().join(rel))
+        .find(|p| p.is_file())
 }
 
 /// Where captures are written.
