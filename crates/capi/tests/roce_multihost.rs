@@ -204,8 +204,9 @@ fn cm_pair(h: &Hosts, tool: &str, server: &[&str], client: &[&str], port: u16) -
 }
 
 /// IPv6 RoCE between two hosts: ibv_rc_pingpong and ibv_ud_pingpong with `-g 1` (each host's
-/// IPv6 GID), ucmatose and rping over rdma_cm on the IPv6 addresses; a capture of it all
-/// passes wirecheck (when dumpcap, tshark and wirecheck are there).
+/// IPv6 GID) and with the link-local GID, ucmatose and rping over rdma_cm on the IPv6
+/// addresses, ucmatose on the link-local ones (`fe80::52:1%veth`); a capture of it all passes
+/// wirecheck (when dumpcap, tshark and wirecheck are there).
 #[test]
 fn ipv6_between_two_hosts() {
     let _serial = one_at_a_time();
@@ -221,6 +222,31 @@ fn ipv6_between_two_hosts() {
         assert!(client.stdout.contains(&want), "{tool}: {want}?\n{}", client.describe());
         assert!(client.stdout.contains("100 iters"), "{}", client.describe());
     }
+    let ll_a = h.gid_index(&h.a, h.dev_a(), &h.ll_a);
+    let ll_b = h.gid_index(&h.b, h.dev_b(), &h.ll_b);
+    assert!(
+        ll_a.is_some() && ll_a == ll_b,
+        "link-local GIDs at {ll_a:?} and {ll_b:?}"
+    );
+    let g = ll_a.unwrap_or(0).to_string();
+    for tool in ["ibv_rc_pingpong", "ibv_ud_pingpong"] {
+        let (server, client) = tool_pair(&h, tool, &["-g", &g, "-n", "50", "-s", "1024"]);
+        ok(&format!("{tool} server over link-local"), &server, &client);
+        ok(&format!("{tool} client over link-local"), &client, &server);
+        let want = format!("GID {}", h.ll_a);
+        assert!(client.stdout.contains(&want), "{tool}: {want}?\n{}", client.describe());
+    }
+    let port = free_port();
+    let p = port.to_string();
+    let (srv, cli) = cm_pair(
+        &h,
+        "ucmatose",
+        &["-b", &format!("{}%{}", h.ll_a, h.veth_a), "-p", &p],
+        &["-s", &format!("{}%{}", h.ll_a, h.veth_b), "-p", &p],
+        port,
+    );
+    ok("ucmatose server over link-local", &srv, &cli);
+    ok("ucmatose client over link-local", &cli, &srv);
     let port = free_port();
     let p = port.to_string();
     let a6 = h.addr6_a.clone();

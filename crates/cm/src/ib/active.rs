@@ -58,10 +58,20 @@ fn peer_gid(dev: &softrdma_verbs::device::DeviceInfo, dst: IpAddr) -> IpAddr {
 
 /// Gives an id without a port one (the kernel binds on resolve): a socket of the port space's
 /// protocol bound to the source address holds it.
-fn reserve_port(st: &mut IdState, src: IpAddr, udp: bool) -> Result<u16> {
+/// `ifindex` is the scope of a link-local IPv6 `src` when the id's address has none.
+fn reserve_port(st: &mut IdState, src: IpAddr, ifindex: u32, udp: bool) -> Result<u16> {
     if let Some(p) = st.local.map(|a| a.port()).filter(|p| *p != 0) {
         return Ok(p);
     }
+    let scope = match st.local {
+        Some(SocketAddr::V6(v6)) if v6.scope_id() != 0 => v6.scope_id(),
+        _ if addr::is_link_local_v6(src) => ifindex,
+        _ => 0,
+    };
+    let at = |port: u16| match src {
+        IpAddr::V6(v6) => SocketAddr::V6(std::net::SocketAddrV6::new(v6, port, 0, scope)),
+        v4 => SocketAddr::new(v4, port),
+    };
     let domain = if src.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
     let sock = if udp {
         Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
@@ -70,7 +80,7 @@ fn reserve_port(st: &mut IdState, src: IpAddr, udp: bool) -> Result<u16> {
     }
     .map_err(|e| Error::os("rdma_connect: port", &e))?;
     let _ = sock.set_cloexec(true);
-    sock.bind(&SocketAddr::new(src, 0).into())
+    sock.bind(&at(0).into())
         .map_err(|e| Error::os(format!("rdma_connect: bind {src}"), &e))?;
     let port = sock
         .local_addr()
@@ -79,7 +89,7 @@ fn reserve_port(st: &mut IdState, src: IpAddr, udp: bool) -> Result<u16> {
         .map(|a| a.port())
         .unwrap_or(0);
     st.reserved = Some(sock);
-    st.local = Some(SocketAddr::new(src, port));
+    st.local = Some(at(port));
     Ok(port)
 }
 
@@ -210,7 +220,7 @@ fn start(id: &CmId, param: &ConnParam) -> Result<bool> {
             bail!(Inval, "rdma_connect: the id has no device");
         };
         let (_, src, peer, dst) = ip_pair(&st)?;
-        let src_port = reserve_port(&mut st, src, ps == crate::state::PortSpace::Udp)?;
+        let src_port = reserve_port(&mut st, src, dev.ifindex, ps == crate::state::PortSpace::Udp)?;
         let hdr = CmaHeader { src_port, src, dst };
         let sid = service_id(wire_ps(ps)?, peer.port());
         let o = st.opts;
