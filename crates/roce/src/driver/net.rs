@@ -148,6 +148,11 @@ fn ipv6_wanted() -> bool {
 /// Opens a socket bound to `port` (0: ephemeral): dual-stack, or IPv4 only when IPv6 is not
 /// available (or the dual-stack bind fails, e.g. another program holds the IPv6 port).
 fn open(port: u16, reuse_port: bool, home: bool) -> io::Result<RoceSocket> {
+    open_as(port, reuse_port, home, ipv6_wanted())
+}
+
+/// [`open`], trying dual-stack only if `dual_ok`.
+fn open_as(port: u16, reuse_port: bool, home: bool, dual_ok: bool) -> io::Result<RoceSocket> {
     let bind = |s: Socket, dual: bool| -> io::Result<RoceSocket> {
         if reuse_port {
             s.set_reuse_port(true)?;
@@ -163,7 +168,7 @@ fn open(port: u16, reuse_port: bool, home: bool) -> io::Result<RoceSocket> {
         s.bind(&any.into())?;
         Ok(RoceSocket { sock: s.into(), dual })
     };
-    if ipv6_wanted() {
+    if dual_ok {
         match udp_dual().and_then(|s| bind(s, true)) {
             Ok(s) => return Ok(s),
             Err(e) => tracing::debug!(port, "soft-RoCE: no dual-stack UDP socket ({e}); IPv4 only"),
@@ -664,5 +669,36 @@ mod tests {
             a.send_to(b"x", SocketAddr::from((Ipv4Addr::LOCALHOST, port))).unwrap(),
             1
         );
+    }
+
+    #[test]
+    fn ipv4_only_sockets_send_ipv4_and_refuse_ipv6() {
+        let a = open_as(0, false, true, false).unwrap();
+        let b = open_as(0, false, true, false).unwrap();
+        assert!(!a.is_dual());
+        let port = b.local_addr().unwrap().port();
+        let mut batch = TxBatch::default();
+        batch.next_buf().extend_from_slice(b"six");
+        batch.commit(TxTo {
+            src: IpAddr::V6(Ipv6Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+            v6: None,
+        });
+        batch.next_buf().extend_from_slice(b"four");
+        batch.commit(TxTo {
+            src: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            v6: None,
+        });
+        assert_eq!(
+            send_batch(&a, &mut batch),
+            (1, 1),
+            "the IPv6 one fails, the IPv4 one goes"
+        );
+        let got = drain(&b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, b"four");
+        assert_eq!(got[0].1.dst_ip, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(a.send_to(b"x", SocketAddr::from((Ipv6Addr::LOCALHOST, port))).is_err());
     }
 }
