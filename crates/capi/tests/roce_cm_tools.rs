@@ -94,10 +94,14 @@ fn assert_quiet(what: &str, r: &Run) {
 }
 
 fn ucmatose(extra: &[&str]) {
+    ucmatose_on("127.0.0.1", extra)
+}
+
+fn ucmatose_on(addr: &str, extra: &[&str]) {
     let port = free_port();
     let p = port.to_string();
-    let mut s = vec!["-b", "127.0.0.1", "-p", &p];
-    let mut c = vec!["-s", "127.0.0.1", "-p", &p];
+    let mut s = vec!["-b", addr, "-p", &p];
+    let mut c = vec!["-s", addr, "-p", &p];
     s.extend_from_slice(extra);
     c.extend_from_slice(extra);
     let (srv, cli) = pair(cmd("ucmatose", &s), cmd("ucmatose", &c), "listen", || {
@@ -125,11 +129,21 @@ fn ucmatose_four_connections_of_ten_messages() {
     ucmatose(&["-c", "4", "-C", "10"]);
 }
 
+/// IB CM MADs and the connections over IPv6 (`::1`, rxe_lo's GID 1).
+#[test]
+fn ucmatose_over_ipv6_loopback() {
+    ucmatose_on("::1", &["-c", "2", "-C", "10"]);
+}
+
 fn rping(extra: &[&str]) {
+    rping_on("127.0.0.1", extra)
+}
+
+fn rping_on(addr: &str, extra: &[&str]) {
     let port = free_port();
     let p = port.to_string();
-    let mut s = vec!["-s", "-a", "127.0.0.1", "-p", &p, "-v", "-V", "-C", "5"];
-    let mut c = vec!["-c", "-a", "127.0.0.1", "-p", &p, "-v", "-V", "-C", "5"];
+    let mut s = vec!["-s", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
+    let mut c = vec!["-c", "-a", addr, "-p", &p, "-v", "-V", "-C", "5"];
     s.extend_from_slice(extra);
     c.extend_from_slice(extra);
     let (srv, cli) = pair(cmd("rping", &s), cmd("rping", &c), "listen", || {
@@ -156,6 +170,11 @@ fn rping_five_verified_pings() {
     rping(&[]);
 }
 
+#[test]
+fn rping_over_ipv6_loopback() {
+    rping_on("::1", &[]);
+}
+
 /// `-q`: the tools create their QPs with `ibv_create_qp`, name them in `conn_param.qp_num`,
 /// move them with `rdma_init_qp_attr` (server before `rdma_accept`, client after
 /// CONNECT_RESPONSE) and finish with `rdma_establish`.
@@ -170,10 +189,20 @@ static UDADDY: Mutex<()> = Mutex::new(());
 
 #[test]
 fn udaddy_over_sidr() {
+    udaddy_on("127.0.0.1");
+}
+
+/// SIDR and the UD datagrams over IPv6.
+#[test]
+fn udaddy_over_sidr_over_ipv6_loopback() {
+    udaddy_on("::1");
+}
+
+fn udaddy_on(addr: &str) {
     let _one = UDADDY.lock().unwrap_or_else(|p| p.into_inner());
     let (srv, cli) = pair(
-        cmd("udaddy", &["-b", "127.0.0.1"]),
-        cmd("udaddy", &["-s", "127.0.0.1"]),
+        cmd("udaddy", &["-b", addr]),
+        cmd("udaddy", &["-s", addr]),
         "listen",
         || rxe_listening(PS_UDP, 7174),
     );

@@ -180,6 +180,106 @@ fn verbs_tools_between_two_hosts() {
     eprintln!("clean runs between hosts in {:?}: {t:?}", started.elapsed());
 }
 
+/// RDMA_PS_TCP: the upper half of an rdma_cm service ID.
+const PS_TCP: u16 = 0x0106;
+
+/// `ucmatose` or `rping` server in host a on `addr` and client in host b, over rdma_cm on
+/// the RoCE devices. Returns (server, client).
+fn cm_pair(h: &Hosts, tool: &str, server: &[&str], client: &[&str], port: u16) -> (Run, Run) {
+    let mut srv = h.cmd(&h.a, binary(tool), server);
+    srv.env("SOFTRDMA_TRANSPORTS", "roce").env("SOFTRDMA_DEBUG", "1");
+    let srv = Proc::start(&mut srv);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !common::rxe_listening(Some(srv.pid()), PS_TCP, port) {
+        if Instant::now() > deadline {
+            panic!("{tool} server does not listen\n{}", srv.kill().describe());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut cli = h.cmd(&h.b, binary(tool), client);
+    cli.env("SOFTRDMA_TRANSPORTS", "roce").env("SOFTRDMA_DEBUG", "1");
+    let cli = Proc::start(&mut cli).wait(TOOL_TIMEOUT);
+    let srv = srv.wait_or(TOOL_TIMEOUT, &cli.describe());
+    (srv, cli)
+}
+
+/// IPv6 RoCE between two hosts: ibv_rc_pingpong and ibv_ud_pingpong with `-g 1` (each host's
+/// IPv6 GID) and with the link-local GID, ucmatose and rping over rdma_cm on the IPv6
+/// addresses, ucmatose on the link-local ones (`fe80::52:1%veth`); a capture of it all passes
+/// wirecheck (when dumpcap, tshark and wirecheck are there).
+#[test]
+fn ipv6_between_two_hosts() {
+    let _serial = one_at_a_time();
+    let Some(mut h) = Hosts::or_skip("6") else { return };
+    h.add_ipv6().unwrap_or_else(|e| panic!("IPv6 addresses: {e}"));
+    let checker = capture_prereqs();
+    let cap = checker.as_ref().map(|_| Capture::start(&h, "ipv6"));
+    for tool in ["ibv_rc_pingpong", "ibv_ud_pingpong"] {
+        let (server, client) = tool_pair(&h, tool, &["-g", "1", "-n", "100", "-s", "1024"]);
+        ok(&format!("{tool} server (host a)"), &server, &client);
+        ok(&format!("{tool} client (host b)"), &client, &server);
+        let want = format!("GID {}", h.addr6_a);
+        assert!(client.stdout.contains(&want), "{tool}: {want}?\n{}", client.describe());
+        assert!(client.stdout.contains("100 iters"), "{}", client.describe());
+    }
+    let ll_a = h.gid_index(&h.a, h.dev_a(), &h.ll_a);
+    let ll_b = h.gid_index(&h.b, h.dev_b(), &h.ll_b);
+    assert!(
+        ll_a.is_some() && ll_a == ll_b,
+        "link-local GIDs at {ll_a:?} and {ll_b:?}"
+    );
+    let g = ll_a.unwrap_or(0).to_string();
+    for tool in ["ibv_rc_pingpong", "ibv_ud_pingpong"] {
+        let (server, client) = tool_pair(&h, tool, &["-g", &g, "-n", "50", "-s", "1024"]);
+        ok(&format!("{tool} server over link-local"), &server, &client);
+        ok(&format!("{tool} client over link-local"), &client, &server);
+        let want = format!("GID {}", h.ll_a);
+        assert!(client.stdout.contains(&want), "{tool}: {want}?\n{}", client.describe());
+    }
+    let port = free_port();
+    let p = port.to_string();
+    let (srv, cli) = cm_pair(
+        &h,
+        "ucmatose",
+        &["-b", &format!("{}%{}", h.ll_a, h.veth_a), "-p", &p],
+        &["-s", &format!("{}%{}", h.ll_a, h.veth_b), "-p", &p],
+        port,
+    );
+    ok("ucmatose server over link-local", &srv, &cli);
+    ok("ucmatose client over link-local", &cli, &srv);
+    let port = free_port();
+    let p = port.to_string();
+    let a6 = h.addr6_a.clone();
+    let (srv, cli) = cm_pair(&h, "ucmatose", &["-b", &a6, "-p", &p], &["-s", &a6, "-p", &p], port);
+    ok("ucmatose server (host a)", &srv, &cli);
+    ok("ucmatose client (host b)", &cli, &srv);
+    assert!(srv.stdout.contains("data transfers complete"), "{}", srv.describe());
+    let port = free_port();
+    let p = port.to_string();
+    let (srv, cli) = cm_pair(
+        &h,
+        "rping",
+        &["-s", "-a", &a6, "-p", &p, "-C", "5", "-V"],
+        &["-c", "-a", &a6, "-p", &p, "-C", "5", "-V", "-v"],
+        port,
+    );
+    ok("rping server (host a)", &srv, &cli);
+    ok("rping client (host b)", &cli, &srv);
+    assert_eq!(
+        cli.stdout.lines().filter(|l| l.contains("ping data")).count(),
+        5,
+        "{}",
+        cli.describe()
+    );
+    if let (Some(checker), Some(cap)) = (checker, cap) {
+        let file = cap.stop();
+        let report = wirecheck(&checker, &file, &["roce", "cm"]);
+        eprintln!("{report}");
+        assert!(report.contains("icrc_bad=0"), "{report}");
+        let _ = std::fs::remove_file(&file);
+    }
+}
+
 #[test]
 fn verbs_tools_under_two_percent_loss() {
     let _serial = one_at_a_time();

@@ -41,6 +41,27 @@ fn ibv_rc_pingpong_over_rxe() {
     assert!(client.stdout.contains("200 iters"), "{}", client.describe());
 }
 
+/// GID 1 of rxe_lo is `::1` (IPv4 GIDs first, then IPv6 ones): RoCE over IPv6.
+#[test]
+fn ibv_rc_pingpong_over_ipv6_loopback() {
+    let args = ["-d", "rxe_lo", "-g", "1", "-n", "200", "-s", "8192"];
+    let (server, client) = pair("ibv_rc_pingpong", &args, &args);
+    ok("ibv_rc_pingpong server", &server, &client);
+    ok("ibv_rc_pingpong client", &client, &server);
+    assert!(client.stdout.contains("GID ::1"), "{}", client.describe());
+    assert!(client.stdout.contains("200 iters"), "{}", client.describe());
+}
+
+#[test]
+fn ibv_ud_pingpong_over_ipv6_loopback() {
+    let args = ["-d", "rxe_lo", "-g", "1", "-n", "200", "-s", "2048"];
+    let (server, client) = pair("ibv_ud_pingpong", &args, &args);
+    ok("ibv_ud_pingpong server", &server, &client);
+    ok("ibv_ud_pingpong client", &client, &server);
+    assert!(client.stdout.contains("GID ::1"), "{}", client.describe());
+    assert!(client.stdout.contains("200 iters"), "{}", client.describe());
+}
+
 #[test]
 fn ibv_rc_pingpong_without_gid_says_what_to_do() {
     // Without -g the tools send an all-zero GID and no GRH: RoCE cannot route that, and

@@ -169,12 +169,22 @@ pub fn resolve(
 
 /// The kernel's source address for `dst` (a connected UDP socket sends nothing).
 pub fn route_source(dst: IpAddr) -> Result<IpAddr> {
+    route_source_in(dst, 0)
+}
+
+/// [`route_source`] for a destination with IPv6 scope id `scope_id` (the interface of a
+/// link-local one; 0 otherwise).
+pub fn route_source_in(dst: IpAddr, scope_id: u32) -> Result<IpAddr> {
     let bind: SocketAddr = match dst {
         IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
     let s = std::net::UdpSocket::bind(bind).map_err(|e| Error::os(format!("resolve {dst}: socket"), &e))?;
-    s.connect((dst, 9))
+    let to = match dst {
+        IpAddr::V6(v6) => SocketAddr::V6(std::net::SocketAddrV6::new(v6, 9, 0, scope_id)),
+        v4 => SocketAddr::new(v4, 9),
+    };
+    s.connect(to)
         .map_err(|e| Error::os(format!("resolve {dst}: no route"), &e))?;
     let local = s.local_addr().map_err(|e| Error::os(format!("resolve {dst}"), &e))?;
     Ok(local.ip())

@@ -390,6 +390,14 @@ fn check_pd(op: &str, pd: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The scope id of an IPv6 socket address (0 for IPv4).
+fn scope_of(a: SocketAddr) -> u32 {
+    match a {
+        SocketAddr::V6(v6) => v6.scope_id(),
+        SocketAddr::V4(_) => 0,
+    }
+}
+
 impl CmId {
     /// Creates an id (`rdma_create_id`). Without a channel the id is synchronous: every
     /// asynchronous call blocks until its event and returns its error.
@@ -649,14 +657,28 @@ impl CmId {
                 bail!(Inval, "rdma_resolve_addr {dst}: the id is in {}", st.state);
             }
             let devs = self.devices_for(&st, "rdma_resolve_addr")?;
-            addr::resolve(&devs, dst.ip(), st.local.map(|a| a.ip()), addr::route_source)?
+            let scope = scope_of(dst);
+            addr::resolve(&devs, dst.ip(), st.local.map(|a| a.ip()), |ip| {
+                addr::route_source_in(ip, scope)
+            })?
         };
         match resolution {
             Resolution::Resolved { device, src } => {
                 {
                     let mut st = self.lock();
                     let port = st.local.map(|a| a.port()).unwrap_or(0);
-                    st.local = Some(SocketAddr::new(src, port));
+                    // A link-local source keeps the interface it is on (the bound one, the
+                    // destination's, or the device's), so binding and sending from it work.
+                    let scope = st.local.map(scope_of).filter(|s| *s != 0).unwrap_or(scope_of(dst));
+                    st.local = Some(match src {
+                        IpAddr::V6(v6) if addr::is_link_local_v6(src) => SocketAddr::V6(std::net::SocketAddrV6::new(
+                            v6,
+                            port,
+                            0,
+                            if scope != 0 { scope } else { device.ifindex },
+                        )),
+                        _ => SocketAddr::new(src, port),
+                    });
                     st.peer = Some(dst);
                     Self::attach(&mut st, device)?;
                     st.state = CmState::AddrResolved;

@@ -11,7 +11,7 @@
 
 use crate::driver::endpoint_for_gsi;
 use softrdma_verbs::Result;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 pub use crate::driver::ServiceClaim;
@@ -20,9 +20,9 @@ pub use crate::driver::ServiceClaim;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GsiPeer {
     /// This host's address the MAD was sent to.
-    pub local: Ipv4Addr,
+    pub local: IpAddr,
     /// The sender's address.
-    pub remote: Ipv4Addr,
+    pub remote: IpAddr,
 }
 
 /// The process's CM: receives every MAD addressed to it.
@@ -38,7 +38,7 @@ pub fn set_handler(h: Arc<dyn MadHandler>) -> Result<()> {
 }
 
 /// Sends a MAD from `local` to QP1 at `remote`. Callable from any thread.
-pub fn send_mad(local: Ipv4Addr, remote: Ipv4Addr, mad: &[u8; 256]) -> Result<()> {
+pub fn send_mad(local: IpAddr, remote: IpAddr, mad: &[u8; 256]) -> Result<()> {
     endpoint_for_gsi()?.send_mad(local, remote, mad)
 }
 

@@ -3,14 +3,14 @@
 //! connection as if the peer's DREQ had come: a dead process cannot send one, though its
 //! kernel would on a real fabric.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 /// Receives peer-loss reports (the process's CM).
 pub trait PeerLostHandler: Send + Sync {
     /// QP `qpn`'s peer at `peer` stopped answering; `why` says how it was found. The QP is in
     /// ERR with its work flushed. Called on the progress thread; must not block.
-    fn on_peer_lost(&self, qpn: u32, peer: Ipv4Addr, why: &str);
+    fn on_peer_lost(&self, qpn: u32, peer: IpAddr, why: &str);
 }
 
 static HANDLER: RwLock<Option<Arc<dyn PeerLostHandler>>> = RwLock::new(None);
@@ -21,7 +21,7 @@ pub fn set_peer_lost_handler(h: Arc<dyn PeerLostHandler>) {
 }
 
 /// Tells the handler, if there is one.
-pub(crate) fn report(qpn: u32, peer: Ipv4Addr, why: &str) {
+pub(crate) fn report(qpn: u32, peer: IpAddr, why: &str) {
     let h = HANDLER.read().unwrap_or_else(|p| p.into_inner()).clone();
     match h {
         Some(h) => h.on_peer_lost(qpn, peer, why),

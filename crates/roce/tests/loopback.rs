@@ -60,7 +60,28 @@ fn lo_gid() -> [u8; 16] {
     g
 }
 
+/// The GID of `::1` and its index in rxe_lo's table.
+fn lo6() -> ([u8; 16], u8) {
+    let ip: std::net::IpAddr = "::1".parse().unwrap();
+    let idx = rxe_lo().gid_index_of(ip).expect("rxe_lo has ::1 in its GID table");
+    (device::Gid::from_ip(ip).0, idx as u8)
+}
+
+/// The address both sides use: `SOFTRDMA_TEST_IPV6=1` picks `::1`, else 127.0.0.1 (GID 0).
+fn test_gid() -> ([u8; 16], u8) {
+    if std::env::var_os("SOFTRDMA_TEST_IPV6").is_some() {
+        lo6()
+    } else {
+        (lo_gid(), 0)
+    }
+}
+
 fn connect_rc(s: &Side, remote_qpn: u32, sq_psn: u32, rq_psn: u32) {
+    let (dgid, sgid_index) = test_gid();
+    connect_rc_to(s, remote_qpn, sq_psn, rq_psn, dgid, sgid_index)
+}
+
+fn connect_rc_to(s: &Side, remote_qpn: u32, sq_psn: u32, rq_psn: u32, dgid: [u8; 16], sgid_index: u8) {
     let rtr = QpAttr {
         qp_state: Some(QpState::Rtr),
         path_mtu: 3,
@@ -69,7 +90,8 @@ fn connect_rc(s: &Side, remote_qpn: u32, sq_psn: u32, rq_psn: u32) {
         max_dest_rd_atomic: 4,
         min_rnr_timer: 1,
         ah_attr: AhAttr {
-            dgid: lo_gid(),
+            dgid,
+            sgid_index,
             is_global: true,
             hop_limit: 64,
             port_num: 1,
@@ -179,6 +201,125 @@ fn rc_send_write_read_atomic_in_one_process() {
 }
 
 #[test]
+fn rc_over_ipv6_loopback() {
+    let (gid, idx) = lo6();
+    let a = side(QpType::Rc);
+    let b = side(QpType::Rc);
+    connect_rc_to(&a, b.qp.qpn(), 5, 6, gid, idx);
+    connect_rc_to(&b, a.qp.qpn(), 6, 5, gid, idx);
+    let len = 100_000;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let src = a.pd.alloc_mr(len, all).unwrap();
+    let dst = b.pd.alloc_mr(len, all).unwrap();
+    let data = pattern(len, 21);
+    src.write(0, &data).unwrap();
+    let before = driver_stats();
+    b.qp.post_recv_one(1, dst.sge(0, len as u32)).unwrap();
+    a.qp.post_send_one(SendWr::send(2, vec![src.sge(0, len as u32)]))
+        .unwrap();
+    wait(&a.cq, 1);
+    assert_eq!(wait(&b.cq, 1)[0].byte_len, len as u32);
+    assert_eq!(dst.to_vec(), data);
+    let back = a.pd.alloc_mr(len, all).unwrap();
+    a.qp.post_send_one(SendWr::read(3, vec![back.sge(0, len as u32)], dst.addr(), dst.rkey()))
+        .unwrap();
+    wait(&a.cq, 1);
+    assert_eq!(back.to_vec(), data);
+    let st = driver_stats();
+    assert!(st.rx_datagrams > before.rx_datagrams, "{st:?}");
+    assert_eq!(st.icrc_errors, before.icrc_errors, "IPv6 ICRCs check: {st:?}");
+    assert_eq!(st.unsupported, before.unsupported, "{st:?}");
+}
+
+#[test]
+fn rc_rtr_refuses_a_family_mismatch() {
+    let (gid6, _) = lo6();
+    let a = side(QpType::Rc);
+    let rtr = QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: 3,
+        dest_qp_num: 0x12_3401,
+        ah_attr: AhAttr {
+            dgid: gid6,
+            sgid_index: 0,
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    let e =
+        a.qp.modify(
+            &rtr,
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
+        )
+        .unwrap_err();
+    assert_eq!(e.errno, Errno::Inval, "{e}");
+}
+
+#[test]
+fn ud_over_ipv6_with_grh() {
+    let (gid, idx) = lo6();
+    let a = side(QpType::Ud);
+    let b = side(QpType::Ud);
+    for s in [&a, &b] {
+        s.qp.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Rtr),
+                ..QpAttr::default()
+            },
+            STATE,
+        )
+        .unwrap();
+        s.qp.modify(
+            &QpAttr {
+                qp_state: Some(QpState::Rts),
+                ..QpAttr::default()
+            },
+            STATE | SQ_PSN,
+        )
+        .unwrap();
+    }
+    let buf = b.pd.alloc_mr(4096 + 40, Access::LOCAL_WRITE).unwrap();
+    let src = a.pd.alloc_mr(500, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &pattern(500, 5)).unwrap();
+    b.qp.post_recv_one(1, buf.sge(0, 4096 + 40)).unwrap();
+    let ah = AhAttr {
+        dgid: gid,
+        sgid_index: idx,
+        is_global: true,
+        hop_limit: 17,
+        traffic_class: 0x20,
+        port_num: 1,
+        ..AhAttr::default()
+    };
+    let wr = SendWr {
+        ud: Some(UdDest {
+            ah,
+            remote_qpn: b.qp.qpn(),
+            remote_qkey: 0x1111_1111,
+        }),
+        ..SendWr::send(9, vec![src.sge(0, 500)])
+    };
+    a.qp.post_send_one(wr).unwrap();
+    wait(&a.cq, 1);
+    let r = wait(&b.cq, 1);
+    assert_eq!(r[0].byte_len, 540);
+    assert_eq!(r[0].src_qp, a.qp.qpn());
+    assert_ne!(r[0].wc_flags & wr::wc_flags::GRH, 0);
+    let got = buf.to_vec();
+    assert_eq!(got[0] >> 4, 6, "the GRH holds the IPv6 header");
+    let tclass = ((u32::from_be_bytes([got[0], got[1], got[2], got[3]]) >> 20) & 0xff) as u8;
+    assert_eq!(tclass, 0x20, "traffic class from the address handle, on the wire");
+    assert_eq!(got[6], 17, "next header UDP");
+    assert_eq!(got[7], 17, "hop limit from the address handle");
+    assert_eq!(&got[8..24], &gid, "source ::1");
+    assert_eq!(&got[24..40], &gid, "destination ::1");
+    assert_eq!(&got[40..540], &pattern(500, 5)[..]);
+}
+
+#[test]
 fn ud_send_with_grh() {
     let a = side(QpType::Ud);
     let b = side(QpType::Ud);
@@ -255,19 +396,33 @@ fn child_main() {
 
 #[test]
 fn rc_between_two_processes() {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
     if std::env::var_os("SOFTRDMA_ROCE_CHILD").is_some() {
         return child_main();
     }
+    two_processes("rc_between_two_processes", false);
+}
+
+#[test]
+fn rc_between_two_processes_over_ipv6() {
+    if std::env::var_os("SOFTRDMA_ROCE_CHILD").is_some() {
+        return child_main();
+    }
+    two_processes("rc_between_two_processes_over_ipv6", true);
+}
+
+/// The parent side of a two-process RC test (`name` re-runs this test as the child) over
+/// 127.0.0.1 or `::1`.
+fn two_processes(name: &str, ipv6: bool) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
     let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(exe)
-        .args(["rc_between_two_processes", "--exact", "--nocapture", "--test-threads=1"])
-        .env("SOFTRDMA_ROCE_CHILD", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("SOFTRDMA_ROCE_CHILD", "1");
+    if ipv6 {
+        cmd.env("SOFTRDMA_TEST_IPV6", "1");
+    }
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     struct Reap(std::process::Child);
     impl Drop for Reap {
         fn drop(&mut self) {
@@ -305,7 +460,12 @@ fn rc_between_two_processes() {
     let back = s.pd.alloc_mr(len, all).unwrap();
     let data = pattern(len, 11);
     src.write(0, &data).unwrap();
-    connect_rc(&s, peer, 9, 7);
+    if ipv6 {
+        let (gid, idx) = lo6();
+        connect_rc_to(&s, peer, 9, 7, gid, idx);
+    } else {
+        connect_rc(&s, peer, 9, 7);
+    }
     writeln!(stdin, "peer {} {} {} {len}", s.qp.qpn(), back.addr(), back.rkey()).unwrap();
     stdin.flush().unwrap();
     next("ready");

@@ -70,6 +70,12 @@ pub struct Hosts {
     pub b: String,
     pub addr_a: String,
     pub addr_b: String,
+    /// IPv6 addresses (ULA `fd52:4f43:K::1` and `::2`), after [`Hosts::add_ipv6`]; empty before.
+    pub addr6_a: String,
+    pub addr6_b: String,
+    /// Link-local IPv6 addresses (`fe80::52:1` and `fe80::52:2`), after [`Hosts::add_ipv6`].
+    pub ll_a: String,
+    pub ll_b: String,
     /// The veth ends: `veth_a` lives in `a`, `veth_b` in `b`.
     pub veth_a: String,
     pub veth_b: String,
@@ -85,6 +91,10 @@ impl Hosts {
             b: format!("srm{tag}{pid}b"),
             addr_a: format!("198.18.{k}.1"),
             addr_b: format!("198.18.{k}.2"),
+            addr6_a: String::new(),
+            addr6_b: String::new(),
+            ll_a: String::new(),
+            ll_b: String::new(),
             veth_a: format!("m{tag}{pid}a"),
             veth_b: format!("m{tag}{pid}b"),
         };
@@ -101,6 +111,36 @@ impl Hosts {
         }
         h.wait_running()?;
         Ok(h)
+    }
+
+    /// Gives both veth ends an IPv6 address of one /64 and a link-local one (`nodad`: usable
+    /// at once). After the IPv4 address and before the link-local ones, the global one is
+    /// GID 1 of each host's RoCE device.
+    pub fn add_ipv6(&mut self) -> Result<(), String> {
+        let k = std::process::id() % 250 + 1;
+        self.addr6_a = format!("fd52:4f43:{k:x}::1");
+        self.addr6_b = format!("fd52:4f43:{k:x}::2");
+        self.ll_a = "fe80::52:1".into();
+        self.ll_b = "fe80::52:2".into();
+        for (ns, dev, addr, ll) in [
+            (&self.a, &self.veth_a, &self.addr6_a, &self.ll_a),
+            (&self.b, &self.veth_b, &self.addr6_b, &self.ll_b),
+        ] {
+            for a in [format!("{addr}/64"), format!("{ll}/64")] {
+                ip(&["-n", ns, "-6", "addr", "add", &a, "dev", dev, "nodad"])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The GID index of `ip` on RoCE device `dev` of host `ns`, as the device lists it there.
+    pub fn gid_index(&self, ns: &str, dev: String, ip: &str) -> Option<usize> {
+        let ip: std::net::IpAddr = ip.parse().ok()?;
+        self.in_ns(ns, move || {
+            softrdma_verbs::device::find_device(&dev)
+                .ok()
+                .and_then(|d| d.gid_index_of(ip))
+        })
     }
 
     /// Runs `f` on a thread that joined namespace `ns` (sockets it makes stay there).
@@ -252,8 +292,10 @@ pub fn workspace_root() -> PathBuf {
 
 /// `../shared/wirecheck/wirecheck` next to the workspace (as in CI), if present.
 pub fn wirecheck_path() -> Option<PathBuf> {
-    let p = workspace_root().join("../shared/wirecheck/wirecheck");
-    p.is_file().then_some(p)
+    ["../shared/wirecheck/wirecheck", "tools/wirecheck/wirecheck"]
+        .into_iter()
+        .map(|rel| workspace_root().join(rel))
+        .find(|p| p.is_file())
 }
 
 /// Where captures are written.

@@ -20,55 +20,67 @@ use softrdma_verbs::{bail, Errno, Error, Result};
 use softrdma_wire::ibcm::{
     service_id, CmPath, CmaHeader, RejReason, Req, SidrReq, CM_TRANSPORT_RC, REQ_PRIVATE_LEN, SIDR_REQ_PRIVATE_LEN,
 };
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// P_Key of every CM message (the default partition).
 const PKEY: u16 = 0xffff;
 
-/// The id's IPv4 source and destination; RoCE CM over IPv6 is not done yet.
-fn v4_pair(st: &IdState) -> Result<(SocketAddr, Ipv4Addr, SocketAddr, Ipv4Addr)> {
+/// The id's source and destination addresses (IPv4-mapped ones as IPv4), of one family.
+fn ip_pair(st: &IdState) -> Result<(SocketAddr, IpAddr, SocketAddr, IpAddr)> {
     let (Some(local), Some(peer)) = (st.local, st.peer) else {
         bail!(Inval, "rdma_connect: the id has no resolved address");
     };
-    match (addr::canonical(local.ip()), addr::canonical(peer.ip())) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => Ok((local, s, peer, d)),
-        _ => Err(Error::new(
-            Errno::OpNotSupp,
-            format!("rdma_connect {peer}: the RoCE connection manager handles IPv4 only so far"),
-        )),
+    let (s, d) = (addr::canonical(local.ip()), addr::canonical(peer.ip()));
+    if s.is_ipv4() != d.is_ipv4() {
+        return Err(Error::new(
+            Errno::Inval,
+            format!("rdma_connect {peer}: the source address {s} is of another family"),
+        ));
     }
+    Ok((local, s, peer, d))
 }
 
-/// The peer's GID (as an IPv4 address) for a destination: the destination itself, except
+/// The peer's GID (as an address) for a destination: the destination itself, except
 /// that an address of this host that is not in the device's GID table (127.1.2.3 on `lo`)
 /// stands for the GID the passive side will send from (the table's entry for it, 127.0.0.1).
-fn peer_gid(dev: &softrdma_verbs::device::DeviceInfo, dst: Ipv4Addr) -> Ipv4Addr {
+fn peer_gid(dev: &softrdma_verbs::device::DeviceInfo, dst: IpAddr) -> IpAddr {
     match dev
-        .gid_index_of(IpAddr::V4(dst))
+        .gid_index_of(dst)
         .and_then(|i| dev.gid(i))
         .map(softrdma_verbs::device::gid_to_ip)
     {
-        Some(IpAddr::V4(v4)) => v4,
+        Some(ip) if ip.is_ipv4() == dst.is_ipv4() => ip,
         _ => dst,
     }
 }
 
 /// Gives an id without a port one (the kernel binds on resolve): a socket of the port space's
 /// protocol bound to the source address holds it.
-fn reserve_port(st: &mut IdState, src: Ipv4Addr, udp: bool) -> Result<u16> {
+/// `ifindex` is the scope of a link-local IPv6 `src` when the id's address has none.
+fn reserve_port(st: &mut IdState, src: IpAddr, ifindex: u32, udp: bool) -> Result<u16> {
     if let Some(p) = st.local.map(|a| a.port()).filter(|p| *p != 0) {
         return Ok(p);
     }
+    let scope = match st.local {
+        Some(SocketAddr::V6(v6)) if v6.scope_id() != 0 => v6.scope_id(),
+        _ if addr::is_link_local_v6(src) => ifindex,
+        _ => 0,
+    };
+    let at = |port: u16| match src {
+        IpAddr::V6(v6) => SocketAddr::V6(std::net::SocketAddrV6::new(v6, port, 0, scope)),
+        v4 => SocketAddr::new(v4, port),
+    };
+    let domain = if src.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
     let sock = if udp {
-        Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+        Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
     } else {
-        Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
+        Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
     }
     .map_err(|e| Error::os("rdma_connect: port", &e))?;
     let _ = sock.set_cloexec(true);
-    sock.bind(&SocketAddr::new(IpAddr::V4(src), 0).into())
+    sock.bind(&at(0).into())
         .map_err(|e| Error::os(format!("rdma_connect: bind {src}"), &e))?;
     let port = sock
         .local_addr()
@@ -77,7 +89,7 @@ fn reserve_port(st: &mut IdState, src: Ipv4Addr, udp: bool) -> Result<u16> {
         .map(|a| a.port())
         .unwrap_or(0);
     st.reserved = Some(sock);
-    st.local = Some(SocketAddr::new(IpAddr::V4(src), port));
+    st.local = Some(at(port));
     Ok(port)
 }
 
@@ -118,7 +130,7 @@ pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
 /// over this CM they would race it. Returns true when a retry is scheduled.
 pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
     let active = matches!(&ls.kind, Kind::Rc(c) if c.is_active());
-    let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], IpAddr::V4(ls.remote)));
+    let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], ls.remote));
     if !active || !local {
         return false;
     }
@@ -207,13 +219,9 @@ fn start(id: &CmId, param: &ConnParam) -> Result<bool> {
         let Some(dev) = st.device.clone() else {
             bail!(Inval, "rdma_connect: the id has no device");
         };
-        let (_, src, peer, dst) = v4_pair(&st)?;
-        let src_port = reserve_port(&mut st, src, ps == crate::state::PortSpace::Udp)?;
-        let hdr = CmaHeader {
-            src_port,
-            src: IpAddr::V4(src),
-            dst: IpAddr::V4(dst),
-        };
+        let (_, src, peer, dst) = ip_pair(&st)?;
+        let src_port = reserve_port(&mut st, src, dev.ifindex, ps == crate::state::PortSpace::Udp)?;
+        let hdr = CmaHeader { src_port, src, dst };
         let sid = service_id(wire_ps(ps)?, peer.port());
         let o = st.opts;
         let timing = Timing {
@@ -222,7 +230,7 @@ fn start(id: &CmId, param: &ConnParam) -> Result<bool> {
         };
         let local_id = agent.alloc_id();
         let tid = agent.ids.tid();
-        let sgid_index = dev.gid_index_of(IpAddr::V4(src)).unwrap_or(0) as u8;
+        let sgid_index = dev.gid_index_of(src).unwrap_or(0) as u8;
         let tos = o.tos.unwrap_or(0);
         let dgid = peer_gid(&dev, dst);
         let mut path = RcPath {
@@ -280,8 +288,8 @@ fn start(id: &CmId, param: &ConnParam) -> Result<bool> {
                 primary_path: CmPath {
                     local_lid: 0xffff,
                     remote_lid: 0xffff,
-                    local_gid: src.to_ipv6_mapped().octets(),
-                    remote_gid: dgid.to_ipv6_mapped().octets(),
+                    local_gid: softrdma_verbs::device::Gid::from_ip(src).0,
+                    remote_gid: softrdma_verbs::device::Gid::from_ip(dgid).0,
                     traffic_class: tos,
                     hop_limit: HOP_LIMIT,
                     local_ack_timeout: ack_timeout,

@@ -18,7 +18,7 @@ use softrdma_verbs::{Error, Result};
 use softrdma_wire::ibcm::{CmMad, CmMessage, Drep, Rej, RejReason, CM_MSG_REP, MAD_LEN};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ pub(crate) enum Work {
     /// An id holding this connection was dropped without `destroy`: withdraw it.
     Abandon(Arc<Link>),
     /// The RC QP `qpn` found its peer at the address gone (the driver says why).
-    PeerLost(u32, Ipv4Addr, String),
+    PeerLost(u32, IpAddr, String),
 }
 
 #[derive(Default)]
@@ -55,7 +55,7 @@ pub(crate) struct Tables {
     pub(crate) links: HashMap<u32, Arc<Link>>,
     /// Passive connections and SIDR requests by (peer address, peer's ID, is SIDR): finds
     /// duplicates.
-    pub(crate) by_remote: HashMap<(Ipv4Addr, u32, bool), Arc<Link>>,
+    pub(crate) by_remote: HashMap<(IpAddr, u32, bool), Arc<Link>>,
     pub(crate) listeners: Vec<ListenEntry>,
     pub(crate) claims: HashMap<u64, (ServiceClaim, usize)>,
     pub(crate) next_token: u64,
@@ -98,7 +98,7 @@ impl MadHandler for Handler {
 }
 
 impl PeerLostHandler for Handler {
-    fn on_peer_lost(&self, qpn: u32, peer: Ipv4Addr, why: &str) {
+    fn on_peer_lost(&self, qpn: u32, peer: IpAddr, why: &str) {
         if let Some(a) = self.0.upgrade() {
             a.push(Work::PeerLost(qpn, peer, why.to_string()));
         }
@@ -174,7 +174,7 @@ impl Agent {
                 ..Drep::default()
             }),
         };
-        mad_io::send(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, &m);
+        mad_io::send(IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::LOCALHOST), &m);
         let deadline = Instant::now() + limit;
         let mut seen = lock(&self.barrier_seen);
         while *seen < token {
@@ -219,7 +219,7 @@ impl Agent {
     }
 
     /// Registers a connection (and its duplicate-detection key).
-    pub(crate) fn insert(&self, link: &Arc<Link>, remote_key: Option<(Ipv4Addr, u32, bool)>) {
+    pub(crate) fn insert(&self, link: &Arc<Link>, remote_key: Option<(IpAddr, u32, bool)>) {
         let mut t = self.tables();
         t.links.insert(link.local_id, link.clone());
         if let Some(k) = remote_key {
@@ -228,7 +228,7 @@ impl Agent {
     }
 
     /// Forgets a finished connection.
-    pub(crate) fn remove(&self, local_id: u32, remote_key: Option<(Ipv4Addr, u32, bool)>) {
+    pub(crate) fn remove(&self, local_id: u32, remote_key: Option<(IpAddr, u32, bool)>) {
         let mut t = self.tables();
         t.links.remove(&local_id);
         if let Some(k) = remote_key {
@@ -311,7 +311,7 @@ impl Agent {
     }
 
     /// Ends the connection whose QP found its peer gone (none: the QP was not the CM's).
-    fn on_peer_lost(&self, qpn: u32, peer: Ipv4Addr, why: String) {
+    fn on_peer_lost(&self, qpn: u32, peer: IpAddr, why: String) {
         let links: Vec<Arc<Link>> = self.tables().links.values().cloned().collect();
         let Some(link) = links.into_iter().find(|l| l.serves_qp(qpn, peer)) else {
             tracing::debug!(qpn, %peer, "IB CM: peer lost on a QP without a connection");

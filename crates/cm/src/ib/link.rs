@@ -14,7 +14,7 @@ use crate::id::IdInner;
 use softrdma_roce::gsi::GsiPeer;
 use softrdma_wire::ibcm::{CmMad, CmMessage, Req, SidrRep, SidrStatus};
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -37,9 +37,9 @@ pub(crate) struct LinkState {
     /// The rdma_cm id the events go to.
     pub(crate) id: Weak<IdInner>,
     /// Our address (MADs leave from it).
-    pub(crate) local: Ipv4Addr,
+    pub(crate) local: IpAddr,
     /// The peer's address (MADs go to its QP1).
-    pub(crate) remote: Ipv4Addr,
+    pub(crate) remote: IpAddr,
     /// The peer's rdma_cm address (for messages).
     pub(crate) peer: SocketAddr,
     /// QP parameters gathered from both sides.
@@ -47,7 +47,7 @@ pub(crate) struct LinkState {
     /// Passive: the REQ.
     pub(crate) req: Option<Box<Req>>,
     /// The duplicate-detection key (passive side).
-    pub(crate) remote_key: Option<(Ipv4Addr, u32, bool)>,
+    pub(crate) remote_key: Option<(IpAddr, u32, bool)>,
     /// Our node GUID (ARI of a REJ timeout).
     pub(crate) guid: u64,
     /// Timers.
@@ -122,7 +122,7 @@ impl Link {
     }
 
     /// True if this is the RC connection of QP `qpn` to `peer`.
-    pub(crate) fn serves_qp(&self, qpn: u32, peer: Ipv4Addr) -> bool {
+    pub(crate) fn serves_qp(&self, qpn: u32, peer: IpAddr) -> bool {
         let ls = self.lock();
         matches!(&ls.kind, Kind::Rc(c) if c.local_qpn() == qpn) && ls.remote == peer
     }

@@ -30,7 +30,7 @@ use softrdma_wire::ibcm::{
     CM_MSG_REQ, REJ_PRIVATE_LEN, SIDR_REP_PRIVATE_LEN,
 };
 use std::collections::hash_map::Entry;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 
 /// A listener's registration; dropping it stops the listen (and frees the service ID once
@@ -88,16 +88,19 @@ pub(crate) fn listen(
     Ok(ListenGuard { token })
 }
 
-fn bound_matches(bound: IpAddr, af_only: bool, dst: Ipv4Addr) -> bool {
+/// Whether a listener bound to `bound` takes a request for `dst`: a wildcard of the family
+/// (`::` also IPv4 ones unless the listener is AF-only), else the same address.
+fn bound_matches(bound: IpAddr, af_only: bool, dst: IpAddr) -> bool {
+    let dst = addr::canonical(dst);
     match bound {
-        IpAddr::V4(b) => b.is_unspecified() || b == dst,
-        IpAddr::V6(b) if b.is_unspecified() => !af_only,
-        IpAddr::V6(b) => b.to_ipv4_mapped() == Some(dst),
+        IpAddr::V4(b) => dst.is_ipv4() && (b.is_unspecified() || IpAddr::V4(b) == dst),
+        IpAddr::V6(b) if b.is_unspecified() => dst.is_ipv6() || !af_only,
+        IpAddr::V6(_) => addr::canonical(bound) == dst,
     }
 }
 
 /// The listener for `sid` and destination `dst`: an exact address before a wildcard.
-fn find_listener(agent: &Agent, sid: u64, dst: Ipv4Addr) -> Option<(Weak<IdInner>, IpAddr, u32)> {
+fn find_listener(agent: &Agent, sid: u64, dst: IpAddr) -> Option<(Weak<IdInner>, IpAddr, u32)> {
     let t = agent.tables();
     let mut hits: Vec<&ListenEntry> = t
         .listeners
@@ -121,7 +124,7 @@ enum Refusal {
 /// A request admitted to a listener.
 struct Admitted {
     listener: Arc<IdInner>,
-    dst: Ipv4Addr,
+    dst: IpAddr,
     port: u16,
     hdr: CmaHeader,
     user: Vec<u8>,
@@ -134,11 +137,13 @@ fn admit(agent: &Agent, peer: GsiPeer, sid: u64, field: &[u8]) -> std::result::R
         return Err(Refusal::NoListener);
     };
     let (hdr, user) = split_header(field).map_err(Refusal::Refused)?;
-    let IpAddr::V4(dst) = addr::canonical(hdr.dst) else {
-        return Err(Refusal::Refused(
-            "IPv6 CMA headers are not supported over soft-RoCE yet".into(),
-        ));
-    };
+    let dst = addr::canonical(hdr.dst);
+    if dst.is_ipv4() != peer.local.is_ipv4() {
+        return Err(Refusal::Refused(format!(
+            "the CMA header's destination {dst} is not of the family the request came over ({})",
+            peer.local
+        )));
+    }
     let Some((weak, bound, backlog)) = find_listener(agent, sid, dst) else {
         return Err(Refusal::NoListener);
     };
@@ -158,13 +163,13 @@ fn admit(agent: &Agent, peer: GsiPeer, sid: u64, field: &[u8]) -> std::result::R
     let devs = crate::devices::cached().map_err(|e| Refusal::Refused(e.msg))?;
     // Loopback and device addresses are local without the interface list (a netlink dump).
     let known_local = |ip: IpAddr| addr::is_local(&devs, &[], ip);
-    let peer_local = if known_local(IpAddr::V4(peer.remote)) && known_local(hdr.src) {
+    let peer_local = if known_local(peer.remote) && known_local(hdr.src) {
         true
     } else {
         let ifaces = device::list_interfaces().map_err(|e| Refusal::Refused(e.msg))?;
-        addr::is_local(&devs, &ifaces, IpAddr::V4(peer.remote)) && addr::is_local(&devs, &ifaces, hdr.src)
+        addr::is_local(&devs, &ifaces, peer.remote) && addr::is_local(&devs, &ifaces, hdr.src)
     };
-    if let Err(why) = addr::admit(bound, IpAddr::V4(dst), hdr.src, peer_local) {
+    if let Err(why) = addr::admit(bound, dst, hdr.src, peer_local) {
         tracing::warn!(from = %peer.remote, %dst, port, %why, "connection request rejected");
         return Err(Refusal::Refused(why));
     }
@@ -172,10 +177,10 @@ fn admit(agent: &Agent, peer: GsiPeer, sid: u64, field: &[u8]) -> std::result::R
         .into_iter()
         .filter(|d| d.transport == TransportKind::Roce)
         .collect();
-    let dev = if addr::is_loopback(IpAddr::V4(dst)) {
+    let dev = if addr::is_loopback(dst) {
         addr::loopback_device(&roce).ok()
     } else {
-        addr::owner(&roce, IpAddr::V4(dst))
+        addr::owner(&roce, dst)
     };
     let Some(dev) = dev else {
         return Err(Refusal::Refused(format!("no RoCE device serves {dst}")));
@@ -198,7 +203,7 @@ fn child(a: &Admitted) -> Result<CmId> {
     {
         let mut st = c.lock();
         st.state = CmState::Connect;
-        st.local = Some(SocketAddr::new(IpAddr::V4(a.dst), a.port));
+        st.local = Some(SocketAddr::new(a.dst, a.port));
         st.peer = Some(SocketAddr::new(a.hdr.src, a.hdr.src_port));
         CmId::attach(&mut st, a.dev.clone())?;
     }
@@ -259,7 +264,7 @@ pub(crate) fn on_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Req) {
             req.path_mtu.min(dev_mtu)
         },
         peer: Some(peer.remote),
-        sgid_index: a.dev.gid_index_of(IpAddr::V4(a.dst)).unwrap_or(0) as u8,
+        sgid_index: a.dev.gid_index_of(a.dst).unwrap_or(0) as u8,
         traffic_class: req.primary_path.traffic_class,
         remote_qpn: req.local_qpn,
         remote_psn: req.starting_psn,
@@ -370,7 +375,7 @@ pub(crate) fn on_sidr_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Sid
             peer: SocketAddr::new(a.hdr.src, a.hdr.src_port),
             path: RcPath {
                 peer: Some(peer.remote),
-                sgid_index: a.dev.gid_index_of(IpAddr::V4(a.dst)).unwrap_or(0) as u8,
+                sgid_index: a.dev.gid_index_of(a.dst).unwrap_or(0) as u8,
                 ..RcPath::default()
             },
             req: None,
@@ -405,10 +410,11 @@ pub(crate) fn on_sidr_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Sid
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn address_matching() {
-        let lo = Ipv4Addr::LOCALHOST;
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         assert!(bound_matches("0.0.0.0".parse().unwrap(), true, lo));
         assert!(bound_matches("127.0.0.1".parse().unwrap(), true, lo));
         assert!(!bound_matches("127.0.0.2".parse().unwrap(), true, lo));
@@ -416,5 +422,22 @@ mod tests {
         assert!(!bound_matches("::".parse().unwrap(), true, lo));
         assert!(bound_matches("::ffff:127.0.0.1".parse().unwrap(), true, lo));
         assert!(!bound_matches("::1".parse().unwrap(), false, lo));
+    }
+
+    #[test]
+    fn ipv6_address_matching() {
+        let lo6: IpAddr = "::1".parse().unwrap();
+        assert!(
+            bound_matches("::".parse().unwrap(), true, lo6),
+            "an AF-only :: takes IPv6"
+        );
+        assert!(bound_matches("::".parse().unwrap(), false, lo6));
+        assert!(bound_matches("::1".parse().unwrap(), true, lo6));
+        assert!(!bound_matches("::2".parse().unwrap(), true, lo6));
+        assert!(
+            !bound_matches("0.0.0.0".parse().unwrap(), false, lo6),
+            "IPv4 wildcards take IPv4 only"
+        );
+        assert!(!bound_matches("127.0.0.1".parse().unwrap(), false, lo6));
     }
 }

@@ -5,12 +5,12 @@ use softrdma_roce::gsi::{self, MadHandler, ServiceClaim};
 use softrdma_roce::liveness::{self, PeerLostHandler};
 use softrdma_verbs::Result;
 use softrdma_wire::ibcm::CmMad;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Sends `m` from `local` to the GSI of `remote`; failures are logged (the CM's retries cover
 /// a lost MAD like any other).
-pub fn send(local: Ipv4Addr, remote: Ipv4Addr, m: &CmMad) {
+pub fn send(local: IpAddr, remote: IpAddr, m: &CmMad) {
     tracing::debug!(%local, %remote, attr = m.msg.attr().name(), tid = m.tid, "IB CM: send");
     if let Err(e) = gsi::send_mad(local, remote, &m.emit()) {
         tracing::warn!(%local, %remote, "IB CM: cannot send {}: {e}", m.msg.attr().name());

@@ -109,7 +109,7 @@ impl CmId {
             let ud = UdParam {
                 qp_num: MULTICAST_QPN,
                 qkey: RDMA_UDP_QKEY,
-                ah_attr: ah_attr(g, sgid_index, tos),
+                ah_attr: ah_attr(IpAddr::V4(g), sgid_index, tos),
             };
             let mut joined = Joined {
                 group: g,
@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(group_of("j", sa("10.0.0.1:0")).unwrap_err().errno, Errno::Inval);
         assert_eq!(group_of("j", sa("0.0.0.0:0")).unwrap_err().errno, Errno::Inval);
         assert_eq!(group_of("j", sa("[ff02::1]:0")).unwrap_err().errno, Errno::OpNotSupp);
-        let a = ah_attr(Ipv4Addr::new(239, 1, 1, 1), 2, 0);
+        let a = ah_attr(IpAddr::V4(Ipv4Addr::new(239, 1, 1, 1)), 2, 0);
         assert!(a.is_global);
         assert_eq!(&a.dgid[10..], &[0xff, 0xff, 239, 1, 1, 1]);
         assert_eq!((a.sgid_index, a.hop_limit), (2, 64));

@@ -4,7 +4,7 @@
 
 use softrdma_verbs::qp_state::attr_mask::*;
 use softrdma_verbs::{Access, AhAttr, Qp, QpAttr, QpState, QpType, Result};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 /// Q_Key of RDMA_PS_UDP ids (`RDMA_UDP_QKEY`).
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
@@ -25,8 +25,8 @@ pub fn qp_access() -> Access {
 pub struct RcPath {
     /// IBTA path MTU code (1 = 256 ... 5 = 4096).
     pub path_mtu: u8,
-    /// The peer's IPv4 address (its GID is the IPv4-mapped form).
-    pub peer: Option<Ipv4Addr>,
+    /// The peer's address (its GID: an IPv6 address as it is, IPv4 as IPv4-mapped).
+    pub peer: Option<IpAddr>,
     /// Our GID index for the local address.
     pub sgid_index: u8,
     /// GRH traffic class (RDMA_OPTION_ID_TOS).
@@ -52,10 +52,10 @@ pub struct RcPath {
     pub ack_timeout: u8,
 }
 
-/// The address vector of a peer: global (GRH) with its IPv4-mapped GID.
-pub fn ah_attr(peer: Ipv4Addr, sgid_index: u8, traffic_class: u8) -> AhAttr {
+/// The address vector of a peer: global (GRH) with its GID (IPv4 as IPv4-mapped).
+pub fn ah_attr(peer: IpAddr, sgid_index: u8, traffic_class: u8) -> AhAttr {
     AhAttr {
-        dgid: peer.to_ipv6_mapped().octets(),
+        dgid: softrdma_verbs::device::Gid::from_ip(peer).0,
         sgid_index,
         hop_limit: HOP_LIMIT,
         traffic_class,
@@ -91,7 +91,11 @@ pub fn rtr_attr(p: &RcPath) -> (QpAttr, u32) {
         rq_psn: p.local_psn,
         max_dest_rd_atomic: p.responder_resources,
         min_rnr_timer: 0,
-        ah_attr: ah_attr(p.peer.unwrap_or(Ipv4Addr::UNSPECIFIED), p.sgid_index, p.traffic_class),
+        ah_attr: ah_attr(
+            p.peer.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            p.sgid_index,
+            p.traffic_class,
+        ),
         ..QpAttr::default()
     };
     (
@@ -202,7 +206,7 @@ mod tests {
     fn attributes_satisfy_the_ibta_table() {
         let p = RcPath {
             path_mtu: 5,
-            peer: Some(Ipv4Addr::LOCALHOST),
+            peer: Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
             remote_qpn: 0x01_1234,
             remote_psn: 0xab_cdef,
             local_psn: 0x12_3456,

@@ -11,7 +11,7 @@ use softrdma_verbs::{Errno, Error, Result};
 use softrdma_wire::roce::{check_icrc_any_id, icrc, icrc_bytes, IcrcIp};
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::Ordering;
@@ -26,7 +26,7 @@ const MAX_DATAGRAM: usize = 9216;
 #[derive(Debug)]
 pub(crate) struct Home {
     pub(crate) port: u16,
-    pub(crate) sock: UdpSocket,
+    pub(crate) sock: net::RoceSocket,
     used: Mutex<Vec<bool>>,
     cursor: std::sync::atomic::AtomicUsize,
     token: OnceLock<Token>,
@@ -72,7 +72,7 @@ enum Role {
 /// The endpoint. One per process ([`Endpoint::global`]).
 pub(crate) struct Endpoint {
     reactor: &'static Arc<Reactor>,
-    shared: Option<UdpSocket>,
+    shared: Option<net::RoceSocket>,
     homes: RwLock<Vec<Arc<Home>>>,
     roles: Mutex<HashMap<Token, Role>>,
     control: OnceLock<Token>,
@@ -85,7 +85,7 @@ pub(crate) struct Endpoint {
     /// Ports recently found to be softrdma home ports (see [`Endpoint::forward_to_home`]).
     home_ports: Mutex<HashMap<u16, Instant>>,
     opening: Mutex<()>,
-    local_addrs: Mutex<Option<(Instant, HashSet<Ipv4Addr>)>>,
+    local_addrs: Mutex<Option<(Instant, HashMap<IpAddr, u32>)>>,
     internal: Mutex<std::collections::VecDeque<(Vec<u8>, Origin)>>,
     direct: bool,
     pub(crate) handler: RwLock<Option<Arc<dyn crate::gsi::MadHandler>>>,
@@ -133,8 +133,11 @@ impl Endpoint {
             .ok()
             .and_then(|p| p.parse::<u16>().ok())
             .unwrap_or(ROCE_PORT);
-        let shared = match net::bind_shared_v4(port) {
-            Ok(s) => Some(s),
+        let shared = match net::bind_shared(port) {
+            Ok(s) => {
+                tracing::debug!(port, dual_stack = s.is_dual(), "soft-RoCE: shared UDP socket");
+                Some(s)
+            }
             Err(e) => {
                 tracing::warn!(
                     "soft-RoCE: cannot bind UDP port {port} ({e}); only packets forwarded by other \
@@ -226,7 +229,7 @@ impl Endpoint {
                 format!("soft-RoCE: {what}: {e}"),
             )
         };
-        let (sock, port) = net::bind_home_v4().map_err(|e| io_err("cannot open a UDP socket", e))?;
+        let (sock, port) = net::bind_home().map_err(|e| io_err("cannot open a UDP socket", e))?;
         let marker = forward::bind_home_marker(port)
             .map_err(|e| tracing::warn!(port, "soft-RoCE: cannot mark the home port: {e}"))
             .ok();
@@ -315,7 +318,7 @@ impl Endpoint {
         let mut m = lock(&self.mcast);
         let members = m.entry(group).or_default();
         if members.is_empty() {
-            net::set_membership_v4(shared, group, local, true).map_err(|e| {
+            shared.set_membership_v4(group, local, true).map_err(|e| {
                 Error::new(
                     Errno::from_raw(e.raw_os_error().unwrap_or(0)),
                     format!("attach_mcast on QP {qpn}: cannot join {group} on {local}: {e}"),
@@ -342,7 +345,7 @@ impl Endpoint {
         if members.is_empty() {
             m.remove(&group);
             if let Some(shared) = &self.shared {
-                let _ = net::set_membership_v4(shared, group, local, false);
+                let _ = shared.set_membership_v4(group, local, false);
             }
         }
         Ok(())
@@ -490,7 +493,7 @@ impl Endpoint {
             .any(|h| h.port == port)
     }
 
-    fn drain_udp(&self, sock: &UdpSocket, local_port: u16, home: bool) {
+    fn drain_udp(&self, sock: &net::RoceSocket, local_port: u16, home: bool) {
         RX.with(|scratch| {
             let mut rx = scratch.borrow_mut();
             loop {
@@ -533,6 +536,8 @@ impl Endpoint {
             src: r.src,
             dst_ip: r.dst_ip,
             dst_port: local_port,
+            hop_limit: r.hop_limit.unwrap_or(forward::DEFAULT_HOP_LIMIT),
+            traffic_class: r.traffic_class.unwrap_or(0),
         };
         self.on_datagram(data, origin, false);
     }
@@ -601,7 +606,7 @@ impl Endpoint {
         forward::encode(origin, &mut msg);
         msg.extend_from_slice(datagram);
         home.sock
-            .send_to(&msg, SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+            .send_to(&msg, SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
             .is_ok()
     }
 
@@ -627,6 +632,9 @@ impl Endpoint {
     }
 
     fn verify<'a>(&self, datagram: &'a [u8], origin: &Origin) -> Option<&'a [u8]> {
+        if let (IpAddr::V6(src), IpAddr::V6(dst)) = (origin.src.ip(), origin.dst_ip) {
+            return self.verify_v6(datagram, origin, src, dst);
+        }
         let (IpAddr::V4(src), IpAddr::V4(dst)) = (origin.src.ip(), origin.dst_ip) else {
             self.counters.unsupported.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -640,6 +648,25 @@ impl Endpoint {
         self.counters.icrc_errors.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(src = %origin.src, "soft-RoCE: bad ICRC, packet dropped");
         None
+    }
+
+    /// The IPv6 ICRC check: the pseudo header has no field the sender may vary unmasked.
+    fn verify_v6<'a>(
+        &self,
+        datagram: &'a [u8],
+        origin: &Origin,
+        src: std::net::Ipv6Addr,
+        dst: std::net::Ipv6Addr,
+    ) -> Option<&'a [u8]> {
+        let ip = IcrcIp::V6 { src, dst };
+        match check_icrc(&ip, origin.src.port(), origin.dst_port, datagram) {
+            Ok(t) => Some(t),
+            Err(_) => {
+                self.counters.icrc_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(src = %origin.src, "soft-RoCE: bad ICRC (IPv6), packet dropped");
+                None
+            }
+        }
     }
 
     fn deliver(&self, qpn: u32, datagram: &[u8], origin: &Origin) {
@@ -676,11 +703,10 @@ impl Endpoint {
         }
     }
 
-    /// Whether `ip` is an address of this host (network namespace), cached for a second.
-    pub(crate) fn is_local(&self, ip: Ipv4Addr) -> bool {
-        if ip.is_loopback() {
-            return true;
-        }
+    /// The interface index of this host's address `ip` (network namespace), from a table
+    /// read at most once a second; None if `ip` is not local.
+    fn local_ifindex(&self, ip: IpAddr) -> Option<u32> {
+        let ip = ip.to_canonical();
         let mut cache = lock(&self.local_addrs);
         let fresh = cache
             .as_ref()
@@ -689,17 +715,27 @@ impl Endpoint {
             let addrs = softrdma_verbs::device::list_interfaces()
                 .map(|ifs| {
                     ifs.iter()
-                        .flat_map(|i| i.addrs.iter())
-                        .filter_map(|a| match a.ip {
-                            IpAddr::V4(v4) => Some(v4),
-                            IpAddr::V6(_) => None,
-                        })
+                        .flat_map(|i| i.addrs.iter().map(move |a| (a.ip.to_canonical(), i.index)))
                         .collect()
                 })
                 .unwrap_or_default();
             *cache = Some((Instant::now(), addrs));
         }
-        cache.as_ref().is_some_and(|(_, set)| set.contains(&ip))
+        cache.as_ref().and_then(|(_, map)| map.get(&ip).copied())
+    }
+
+    /// Whether `ip` is an address of this host (network namespace), cached for a second.
+    pub(crate) fn is_local(&self, ip: IpAddr) -> bool {
+        ip.to_canonical().is_loopback() || self.local_ifindex(ip).is_some()
+    }
+
+    /// The scope id for sending from `local` to `remote`: the interface of `local` when
+    /// `remote` is an IPv6 link-local address (which names no interface itself), else 0.
+    pub(crate) fn scope_for(&self, local: IpAddr, remote: IpAddr) -> u32 {
+        match remote {
+            IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => self.local_ifindex(local).unwrap_or(0),
+            _ => 0,
+        }
     }
 
     /// Queues a datagram for this host to the progress thread, as if it had been received:
@@ -757,7 +793,7 @@ impl Endpoint {
 
     /// The UDP port a packet for `dqpn` at `dst` goes to: the owner's home port when `dst` is
     /// this host (no third process can then stall it), else the RoCEv2 port.
-    fn dst_port(&self, dst: Ipv4Addr, dqpn: u32) -> u16 {
+    fn dst_port(&self, dst: IpAddr, dqpn: u32) -> u16 {
         if self.direct && self.is_local(dst) {
             if let Some((port, _)) = split_qpn(dqpn) {
                 return port;
@@ -766,16 +802,21 @@ impl Endpoint {
         self.roce_port()
     }
 
-    /// Where a packet for `dqpn` at `dst` goes.
-    pub(crate) fn destination(&self, dst: Ipv4Addr, dqpn: u32) -> SocketAddrV4 {
-        SocketAddrV4::new(dst, self.dst_port(dst, dqpn))
+    /// Where a packet for `dqpn` at `dst` goes; `scope_id` names the interface of a
+    /// link-local IPv6 `dst` (0 otherwise).
+    pub(crate) fn destination(&self, dst: IpAddr, scope_id: u32, dqpn: u32) -> SocketAddr {
+        let port = self.dst_port(dst, dqpn);
+        match dst.to_canonical() {
+            IpAddr::V4(v4) => SocketAddr::from((v4, port)),
+            IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, port, 0, scope_id)),
+        }
     }
 
     /// Appends each packet's ICRC and sends the batch from `home`.
     pub(crate) fn transmit_batch(&self, home: &Home, batch: &mut net::TxBatch) {
-        for (buf, src, dst) in batch.entries_mut() {
-            let ip = IcrcIp::v4_df(src, *dst.ip());
-            let crc = icrc_bytes(icrc(&ip, home.port, dst.port(), buf));
+        for (buf, to) in batch.entries_mut() {
+            let ip = icrc_ip(to.src, to.dst.ip());
+            let crc = icrc_bytes(icrc(&ip, home.port, to.dst.port(), buf));
             buf.extend_from_slice(&crc);
         }
         let (sent, failed) = net::send_batch(&home.sock, batch);
@@ -788,14 +829,34 @@ impl Endpoint {
     }
 
     /// Appends the ICRC to `packet` (BTH..pad) and sends it from `home` to `dst`.
-    pub(crate) fn transmit(&self, home: &Home, src: Ipv4Addr, dst: Ipv4Addr, packet: &[u8]) {
+    pub(crate) fn transmit(&self, home: &Home, src: IpAddr, dst: IpAddr, scope_id: u32, packet: &[u8]) {
         let dqpn = packet
             .get(5..8)
             .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
         let mut batch = net::TxBatch::default();
         batch.next_buf().extend_from_slice(packet);
-        batch.commit(src, self.destination(dst, dqpn));
+        batch.commit(net::TxTo {
+            src,
+            dst: self.destination(dst, scope_id, dqpn),
+            v6: None,
+        });
         self.transmit_batch(home, &mut batch);
+    }
+}
+
+/// The ICRC pseudo-header addressing of a packet this host sends from `src` to `dst`: IPv4
+/// with DF and ID 0 (see `net`), or IPv6.
+pub(crate) fn icrc_ip(src: IpAddr, dst: IpAddr) -> IcrcIp {
+    let v6 = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    match (src.to_canonical(), dst.to_canonical()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => IcrcIp::v4_df(src, dst),
+        (src, dst) => IcrcIp::V6 {
+            src: v6(src),
+            dst: v6(dst),
+        },
     }
 }
 

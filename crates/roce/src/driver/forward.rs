@@ -20,10 +20,13 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
 
 /// Marks a forwarded datagram (and its format version).
-const MAGIC: [u8; 4] = *b"SRF1";
+const MAGIC: [u8; 4] = *b"SRF2";
 
 /// Bytes before the original UDP payload.
-pub const FORWARD_HDR_LEN: usize = 4 + 1 + 16 + 2 + 16 + 2;
+pub const FORWARD_HDR_LEN: usize = 4 + 1 + 16 + 2 + 16 + 2 + 1 + 1;
+
+/// The hop limit assumed when the kernel did not report one (Linux's default TTL).
+pub const DEFAULT_HOP_LIMIT: u8 = 64;
 
 /// The original addressing of a forwarded datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +37,10 @@ pub struct Origin {
     pub dst_ip: IpAddr,
     /// Destination UDP port.
     pub dst_port: u16,
+    /// TTL / hop limit of the IP header (for a UD receiver's GRH).
+    pub hop_limit: u8,
+    /// TOS / traffic class of the IP header (for a UD receiver's GRH).
+    pub traffic_class: u8,
 }
 
 /// True if `msg` starts like a forwarded datagram.
@@ -65,6 +72,8 @@ pub fn encode(origin: &Origin, out: &mut Vec<u8>) {
     out.extend_from_slice(&origin.src.port().to_be_bytes());
     out.extend_from_slice(&ip16(origin.dst_ip));
     out.extend_from_slice(&origin.dst_port.to_be_bytes());
+    out.push(origin.hop_limit);
+    out.push(origin.traffic_class);
 }
 
 /// Splits a forwarded message into its origin and the original UDP payload.
@@ -81,6 +90,8 @@ pub fn decode(msg: &[u8]) -> Option<(Origin, &[u8])> {
         src: SocketAddr::new(src_ip, src_port),
         dst_ip,
         dst_port,
+        hop_limit: msg[41],
+        traffic_class: msg[42],
     };
     Some((origin, &msg[FORWARD_HDR_LEN..]))
 }
@@ -128,6 +139,8 @@ mod tests {
                 src: src.parse().unwrap(),
                 dst_ip: dst.parse().unwrap(),
                 dst_port: 4791,
+                hop_limit: 7,
+                traffic_class: 0x28,
             };
             let mut buf = Vec::new();
             encode(&o, &mut buf);
@@ -148,6 +161,8 @@ mod tests {
             src: "127.0.0.1:1".parse().unwrap(),
             dst_ip: "127.0.0.1".parse().unwrap(),
             dst_port: 4791,
+            hop_limit: DEFAULT_HOP_LIMIT,
+            traffic_class: 0,
         };
         encode(&o, &mut buf);
         buf[4] = 9;

@@ -6,10 +6,8 @@ use super::forward::{self, Origin};
 use crate::gsi::{GsiPeer, MadHandler};
 use softrdma_verbs::{Errno, Error, Result};
 use softrdma_wire::ibcm::{CmAttr, CmMad, CmMessage, Rej, RejReason, SidrRep, SidrStatus, CM_MSG_REQ, MAD_LEN};
-use softrdma_wire::roce::{
-    icrc, icrc_bytes, Bth, Deth, IcrcIp, RoceHeaders, RoceOpcode, RocePacket, GSI_QKEY, ICRC_LEN,
-};
-use std::net::{IpAddr, Ipv4Addr};
+use softrdma_wire::roce::{icrc, icrc_bytes, Bth, Deth, RoceHeaders, RoceOpcode, RocePacket, GSI_QKEY, ICRC_LEN};
+use std::net::IpAddr;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -101,10 +99,11 @@ impl Endpoint {
             return;
         }
         let mad = &pkt.payload[..MAD_LEN];
-        let (IpAddr::V4(remote), IpAddr::V4(local)) = (origin.src.ip(), origin.dst_ip) else {
+        let (remote, local) = (origin.src.ip().to_canonical(), origin.dst_ip.to_canonical());
+        if remote.is_ipv4() != local.is_ipv4() {
             self.counters.unsupported.fetch_add(1, Ordering::Relaxed);
             return;
-        };
+        }
         let peer = GsiPeer { local, remote };
         match route(mad) {
             Route::Service(sid) => {
@@ -214,7 +213,13 @@ impl Endpoint {
     }
 
     /// Sends a MAD from `local` to QP1 at `remote`.
-    pub(crate) fn send_mad(&self, local: Ipv4Addr, remote: Ipv4Addr, mad: &[u8; MAD_LEN]) -> Result<()> {
+    pub(crate) fn send_mad(&self, local: IpAddr, remote: IpAddr, mad: &[u8; MAD_LEN]) -> Result<()> {
+        let (local, remote) = (local.to_canonical(), remote.to_canonical());
+        if local.is_ipv4() != remote.is_ipv4() {
+            return Err(Error::inval(format!(
+                "soft-RoCE: a MAD from {local} to {remote} mixes IPv4 and IPv6"
+            )));
+        }
         let home = self.first_home()?;
         let mut bth = Bth::new(
             RoceOpcode::UdSendOnly,
@@ -233,12 +238,14 @@ impl Endpoint {
             // For this host: route it here, by service or communication ID, straight to the
             // owning process, so no other member of the port-4791 group can stall it.
             let port = self.roce_port();
-            let ip = IcrcIp::v4_df(local, remote);
+            let ip = super::endpoint::icrc_ip(local, remote);
             buf.extend_from_slice(&icrc_bytes(icrc(&ip, home.port, port, &buf)));
             let origin = Origin {
-                src: std::net::SocketAddr::from((local, home.port)),
-                dst_ip: IpAddr::V4(remote),
+                src: std::net::SocketAddr::new(local, home.port),
+                dst_ip: remote,
                 dst_port: port,
+                hop_limit: forward::DEFAULT_HOP_LIMIT,
+                traffic_class: 0,
             };
             let for_us = match route(mad) {
                 Route::Service(sid) => self.claims_service(sid),
@@ -256,7 +263,8 @@ impl Endpoint {
                 self.on_gsi(transport, &origin, &buf, false);
             }
         } else {
-            self.transmit(&home, local, remote, &buf);
+            let scope = self.scope_for(local, remote);
+            self.transmit(&home, local, remote, scope, &buf);
         }
         Ok(())
     }

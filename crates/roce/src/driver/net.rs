@@ -1,18 +1,23 @@
 //! The UDP sockets of the soft-RoCE driver and the two calls it makes on them.
 //!
-//! - The **shared socket**: `0.0.0.0:4791` with `SO_REUSEPORT`, one per process; every
+//! - The **shared socket**: `[::]:4791` with `SO_REUSEPORT`, one per process; every
 //!   softrdma process on the host is in the same reuse group, so the standard port works for
 //!   several processes at once.
-//! - **Home sockets**: `0.0.0.0:<ephemeral>`, one per 255 QPs; the port is part of each QPN.
+//! - **Home sockets**: `[::]:<ephemeral>`, one per 255 QPs; the port is part of each QPN.
 //!   Everything is sent from them, unconnected and with `IP_PMTUDISC_DO`, which makes the
 //!   kernel write IPv4 ID 0 and DF: the ICRC covers both, so they must be predictable
 //!   (../shared/wirecheck/README.md).
+//!
+//! Every socket is **dual-stack** (`AF_INET6` with `IPV6_V6ONLY` off): IPv4 peers appear as
+//! IPv4-mapped addresses, which this module turns back into IPv4 addresses both ways, so
+//! callers only see [`IpAddr::V4`] for IPv4 traffic. A host without IPv6 (`ipv6.disable=1`)
+//! gets IPv4-only sockets instead, and sends to IPv6 addresses fail (counted as send errors).
 
 use nix::sys::socket::{setsockopt, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 
 /// The RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;
@@ -20,10 +25,107 @@ pub const ROCE_PORT: u16 = 4791;
 /// Socket buffer size asked for (the kernel caps it at `net.core.[rw]mem_max` unless root).
 const SOCKET_BUFFER: usize = 8 << 20;
 
+/// One soft-RoCE UDP socket: dual-stack IPv6 when the host has IPv6, else IPv4 only.
+#[derive(Debug)]
+pub struct RoceSocket {
+    sock: UdpSocket,
+    dual: bool,
+}
+
+impl RoceSocket {
+    /// True for a dual-stack (IPv6 and IPv4) socket, false for an IPv4-only one.
+    pub fn is_dual(&self) -> bool {
+        self.dual
+    }
+
+    /// The bound local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr().map(canonical_sockaddr)
+    }
+
+    /// Sends one datagram to `dst` (an IPv4 destination goes as IPv4 either way).
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddr) -> io::Result<usize> {
+        let dst = match dst {
+            SocketAddr::V4(v4) if self.dual => {
+                SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+            }
+            SocketAddr::V6(v6) if !self.dual => match v6.ip().to_ipv4_mapped() {
+                Some(ip) => SocketAddr::V4(SocketAddrV4::new(ip, v6.port())),
+                None => return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+            },
+            other => other,
+        };
+        self.sock.send_to(buf, dst)
+    }
+
+    /// Joins (or leaves) IPv4 multicast `group` on the interface that owns `local`.
+    pub fn set_membership_v4(&self, group: Ipv4Addr, local: Ipv4Addr, join: bool) -> io::Result<()> {
+        if join {
+            self.sock.join_multicast_v4(&group, &local)
+        } else {
+            self.sock.leave_multicast_v4(&group, &local)
+        }
+    }
+}
+
+impl AsRawFd for RoceSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+/// A socket address as the rest of the driver sees it: an IPv4-mapped IPv6 address becomes
+/// the IPv4 address.
+fn canonical_sockaddr(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, v6.port())),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+fn setsockopt_int(s: &Socket, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local; the fd is open.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A dual-stack UDP socket with the receive options the driver reads: the destination
+/// address (`IPV6_RECVPKTINFO`, which reports IPv4 packets too), hop limit and traffic class
+/// (`IPV6_RECVHOPLIMIT`/`IPV6_RECVTCLASS` for IPv6, `IP_RECVTTL`/`IP_RECVTOS` for IPv4).
+fn udp_dual() -> io::Result<Socket> {
+    let s = Socket::new(Domain::IPV6, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    s.set_only_v6(false)?;
+    s.set_nonblocking(true)?;
+    setsockopt_int(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+    setsockopt_int(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+    setsockopt_int(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+    setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+    setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+    grow_buffers(&s);
+    Ok(s)
+}
+
 fn udp_v4() -> io::Result<Socket> {
     let s = Socket::new(Domain::IPV4, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
     s.set_nonblocking(true)?;
     setsockopt(&s, sockopt::Ipv4PacketInfo, &true).map_err(io::Error::from)?;
+    setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+    setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
     grow_buffers(&s);
     Ok(s)
 }
@@ -38,53 +140,61 @@ fn grow_buffers(s: &Socket) {
     }
 }
 
-/// Binds the shared `0.0.0.0:4791` socket in the host's reuse group.
-pub fn bind_shared_v4(port: u16) -> io::Result<UdpSocket> {
-    let s = udp_v4()?;
-    s.set_reuse_port(true)?;
-    s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).into())?;
-    Ok(s.into())
+/// Whether sockets may be dual-stack: not when `SOFTRDMA_ROCE_IPV6=0`.
+fn ipv6_wanted() -> bool {
+    std::env::var("SOFTRDMA_ROCE_IPV6").map_or(true, |v| v != "0")
+}
+
+/// Opens a socket bound to `port` (0: ephemeral): dual-stack, or IPv4 only when IPv6 is not
+/// available (or the dual-stack bind fails, e.g. another program holds the IPv6 port).
+fn open(port: u16, reuse_port: bool, home: bool) -> io::Result<RoceSocket> {
+    open_as(port, reuse_port, home, ipv6_wanted())
+}
+
+/// [`open`], trying dual-stack only if `dual_ok`.
+fn open_as(port: u16, reuse_port: bool, home: bool, dual_ok: bool) -> io::Result<RoceSocket> {
+    let bind = |s: Socket, dual: bool| -> io::Result<RoceSocket> {
+        if reuse_port {
+            s.set_reuse_port(true)?;
+        }
+        if home {
+            set_pmtudisc_do(&s, dual)?;
+        }
+        let any = if dual {
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))
+        } else {
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+        };
+        s.bind(&any.into())?;
+        Ok(RoceSocket { sock: s.into(), dual })
+    };
+    if dual_ok {
+        match udp_dual().and_then(|s| bind(s, true)) {
+            Ok(s) => return Ok(s),
+            Err(e) => tracing::debug!(port, "soft-RoCE: no dual-stack UDP socket ({e}); IPv4 only"),
+        }
+    }
+    bind(udp_v4()?, false)
+}
+
+/// Binds the shared `[::]:4791` socket in the host's reuse group.
+pub fn bind_shared(port: u16) -> io::Result<RoceSocket> {
+    open(port, true, false)
 }
 
 /// Binds a home socket on an ephemeral port; returns it and the port.
-pub fn bind_home_v4() -> io::Result<(UdpSocket, u16)> {
-    let s = udp_v4()?;
-    set_pmtudisc_do(&s)?;
-    s.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
-    let port = s
-        .local_addr()?
-        .as_socket()
-        .map(|a| a.port())
-        .ok_or_else(|| io::Error::other("home socket has no port"))?;
-    Ok((s.into(), port))
+pub fn bind_home() -> io::Result<(RoceSocket, u16)> {
+    let s = open(0, false, true)?;
+    let port = s.local_addr()?.port();
+    Ok((s, port))
 }
 
-fn set_pmtudisc_do(s: &Socket) -> io::Result<()> {
-    let v: libc::c_int = libc::IP_PMTUDISC_DO;
-    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local; the fd is open.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            &v as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+fn set_pmtudisc_do(s: &Socket, dual: bool) -> io::Result<()> {
+    setsockopt_int(s, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+    if dual {
+        setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)?;
     }
-}
-
-/// Joins (or leaves) IPv4 multicast `group` on the interface that owns `local`.
-pub fn set_membership_v4(sock: &UdpSocket, group: Ipv4Addr, local: Ipv4Addr, join: bool) -> io::Result<()> {
-    if join {
-        sock.join_multicast_v4(&group, &local)
-    } else {
-        sock.leave_multicast_v4(&group, &local)
-    }
+    Ok(())
 }
 
 /// One received datagram's addressing.
@@ -96,24 +206,34 @@ pub struct Received {
     pub src: SocketAddr,
     /// Destination address from the IP header.
     pub dst_ip: IpAddr,
+    /// TTL / hop limit of the IP header, when the kernel reported it.
+    pub hop_limit: Option<u8>,
+    /// TOS / traffic class of the IP header, when the kernel reported it.
+    pub traffic_class: Option<u8>,
 }
 
 /// Datagrams sent per `sendmmsg` call at most.
 pub const BATCH: usize = 32;
 
+/// Where one queued datagram goes, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxTo {
+    /// Source address (`IP_PKTINFO` / `IPV6_PKTINFO`).
+    pub src: IpAddr,
+    /// Destination (the scope id of a link-local IPv6 one names the interface).
+    pub dst: SocketAddr,
+    /// IPv6 traffic class and hop limit (from the GRH); IPv4 packets keep the socket's.
+    pub v6: Option<(u8, u8)>,
+}
+
 /// Outgoing datagrams collected for one `sendmmsg`: buffers are reused across batches.
 #[derive(Debug, Default)]
 pub struct TxBatch {
     bufs: Vec<Vec<u8>>,
-    to: Vec<(Ipv4Addr, SocketAddrV4)>,
+    to: Vec<TxTo>,
 }
 
 impl TxBatch {
-    /// Datagrams queued.
-    pub fn len(&self) -> usize {
-        self.to.len()
-    }
-
     /// True if nothing is queued.
     pub fn is_empty(&self) -> bool {
         self.to.is_empty()
@@ -140,14 +260,14 @@ impl TxBatch {
         self.bufs.get(self.to.len()).map_or(&[], |b| b.as_slice())
     }
 
-    /// Queues the buffer last handed out by [`TxBatch::next_buf`], from `src` to `dst`.
-    pub fn commit(&mut self, src: Ipv4Addr, dst: SocketAddrV4) {
-        self.to.push((src, dst));
+    /// Queues the buffer last handed out by [`TxBatch::next_buf`], to go as `to` says.
+    pub fn commit(&mut self, to: TxTo) {
+        self.to.push(to);
     }
 
     /// The queued datagrams, for finishing touches (the ICRC).
-    pub fn entries_mut(&mut self) -> impl Iterator<Item = (&mut Vec<u8>, Ipv4Addr, SocketAddrV4)> {
-        self.bufs.iter_mut().zip(self.to.iter()).map(|(b, &(s, d))| (b, s, d))
+    pub fn entries_mut(&mut self) -> impl Iterator<Item = (&mut Vec<u8>, TxTo)> {
+        self.bufs.iter_mut().zip(self.to.iter()).map(|(b, &t)| (b, t))
     }
 
     /// Forgets the queued datagrams (keeping the buffers).
@@ -156,37 +276,94 @@ impl TxBatch {
     }
 }
 
+/// A socket address in C form, for either family.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union SockName {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+/// Control-message space per datagram (8-aligned): room for `IPV6_PKTINFO`, `IPV6_TCLASS`
+/// and `IPV6_HOPLIMIT` when sending; for the pktinfo, TTL/hop limit and TOS/traffic class
+/// messages of either family when receiving.
+const CMSG_WORDS: usize = 24;
+
+/// The C form of `dst` for a socket of kind `dual`; None if it cannot reach `dst`.
+fn sock_name(dst: SocketAddr, dual: bool) -> Option<(SockName, libc::socklen_t)> {
+    let v6 = |ip: Ipv6Addr, port: u16, scope: u32| {
+        let sin6 = libc::sockaddr_in6 {
+            sin6_family: libc::AF_INET6 as libc::sa_family_t,
+            sin6_port: port.to_be(),
+            sin6_flowinfo: 0,
+            sin6_addr: libc::in6_addr { s6_addr: ip.octets() },
+            sin6_scope_id: scope,
+        };
+        (
+            SockName { v6: sin6 },
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
+    };
+    match (canonical_sockaddr(dst), dual) {
+        (SocketAddr::V4(a), true) => Some(v6(a.ip().to_ipv6_mapped(), a.port(), 0)),
+        (SocketAddr::V4(a), false) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*a.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            Some((
+                SockName { v4: sin },
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ))
+        }
+        (SocketAddr::V6(a), true) => Some(v6(*a.ip(), a.port(), a.scope_id())),
+        (SocketAddr::V6(_), false) => None,
+    }
+}
+
 /// Sends every queued datagram with as few `sendmmsg` calls as possible, each from its source
-/// address (`IP_PKTINFO`). Returns (sent, failed); the batch is cleared.
-pub fn send_batch(sock: &UdpSocket, batch: &mut TxBatch) -> (usize, usize) {
-    const CMSG_SPACE: usize = 64;
-    let n = batch.len();
-    let mut names: [libc::sockaddr_in; BATCH] = [zero_sockaddr(); BATCH];
+/// address (`IP_PKTINFO` / `IPV6_PKTINFO`). Returns (sent, failed); the batch is cleared.
+pub fn send_batch(sock: &RoceSocket, batch: &mut TxBatch) -> (usize, usize) {
+    // SAFETY: both union members are plain C structs; all-zero is a valid value.
+    let mut names: [SockName; BATCH] = unsafe { std::mem::zeroed() };
     let mut iovs: [libc::iovec; BATCH] = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
     }; BATCH];
-    let mut cmsgs = [[0u64; CMSG_SPACE / 8]; BATCH];
+    let mut cmsgs = [[0u64; CMSG_WORDS]; BATCH];
     // SAFETY: mmsghdr is a plain C struct; all-zero is a valid (empty) value.
     let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-    for (i, (src, dst)) in batch.to.iter().enumerate().take(BATCH) {
-        names[i] = sockaddr_in(*dst);
-        iovs[i] = libc::iovec {
+    let mut failed = 0usize;
+    let mut n = 0usize;
+    for (i, to) in batch.to.iter().enumerate().take(BATCH) {
+        let Some((name, name_len)) = sock_name(to.dst, sock.dual) else {
+            // An IPv6 destination on an IPv4-only socket: lost, like an unreachable host.
+            failed += 1;
+            continue;
+        };
+        names[n] = name;
+        iovs[n] = libc::iovec {
             iov_base: batch.bufs[i].as_ptr() as *mut libc::c_void,
             iov_len: batch.bufs[i].len(),
         };
-        let space = write_pktinfo(&mut cmsgs[i], *src);
-        let h = &mut msgs[i].msg_hdr;
-        h.msg_name = &mut names[i] as *mut libc::sockaddr_in as *mut libc::c_void;
-        h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        h.msg_iov = &mut iovs[i];
+        let space = write_tx_cmsgs(&mut cmsgs[n], to);
+        let h = &mut msgs[n].msg_hdr;
+        h.msg_name = &mut names[n] as *mut SockName as *mut libc::c_void;
+        h.msg_namelen = name_len;
+        h.msg_iov = &mut iovs[n];
         h.msg_iovlen = 1;
-        h.msg_control = cmsgs[i].as_mut_ptr() as *mut libc::c_void;
+        h.msg_control = cmsgs[n].as_mut_ptr() as *mut libc::c_void;
         h.msg_controllen = space;
+        n += 1;
     }
-    let (mut done, mut failed) = (0usize, 0usize);
-    while done + failed < n {
-        let start = done + failed;
+    let mut done = 0usize;
+    let mut skipped = 0usize;
+    while done + skipped < n {
+        let start = done + skipped;
         // SAFETY: `msgs[start..n]` point into `names`, `iovs`, `cmsgs` and `batch.bufs`, which
         // all outlive the call and are not moved while it runs; the kernel only reads them
         // (and writes `msg_len`).
@@ -203,60 +380,79 @@ pub fn send_batch(sock: &UdpSocket, batch: &mut TxBatch) -> (usize, usize) {
         } else {
             // The first datagram of the rest failed (full buffer, unreachable): drop it, as
             // the network would, and go on with the others.
-            failed += 1;
+            skipped += 1;
         }
     }
     batch.clear();
-    (done, failed)
+    (done, failed + skipped)
 }
 
-fn zero_sockaddr() -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: 0,
-        sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: 0 },
-        sin_zero: [0; 8],
-    }
-}
-
-fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
-/// Writes one `IP_PKTINFO` control message choosing `src` into `buf`; returns its length.
-fn write_pktinfo(buf: &mut [u64; 8], src: Ipv4Addr) -> usize {
-    let info = libc::in_pktinfo {
-        ipi_ifindex: 0,
-        ipi_spec_dst: libc::in_addr {
-            s_addr: u32::from(src).to_be(),
-        },
-        ipi_addr: libc::in_addr { s_addr: 0 },
-    };
-    let data_len = std::mem::size_of::<libc::in_pktinfo>() as u32;
+/// Appends one control message to `buf` at byte `at`; returns the new end.
+fn put_cmsg<T: Copy>(buf: &mut [u64; CMSG_WORDS], at: usize, level: libc::c_int, ty: libc::c_int, data: T) -> usize {
+    let data_len = std::mem::size_of::<T>() as u32;
     // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic on a length.
     let (space, len) = unsafe { (libc::CMSG_SPACE(data_len) as usize, libc::CMSG_LEN(data_len) as usize) };
-    debug_assert!(space <= std::mem::size_of_val(buf));
+    let hdr_len = std::mem::size_of::<libc::cmsghdr>();
+    assert!(at + space <= std::mem::size_of_val(buf), "control message space");
     let hdr = libc::cmsghdr {
         cmsg_len: len as _,
-        cmsg_level: libc::IPPROTO_IP,
-        cmsg_type: libc::IP_PKTINFO,
+        cmsg_level: level,
+        cmsg_type: ty,
     };
     let bytes = buf.as_mut_ptr() as *mut u8;
-    let hdr_len = std::mem::size_of::<libc::cmsghdr>();
-    // SAFETY: `buf` is 64 bytes, 8-aligned, and `space` (32 on Linux x86-64) fits in it; the
-    // header goes at offset 0 and the payload at CMSG_DATA's offset (the aligned header size).
+    // SAFETY: the assert above keeps `at..at + space` inside `buf`; `at` is a multiple of 8
+    // (a sum of CMSG_SPACE values), the header goes there and the payload at CMSG_DATA's
+    // offset (the aligned header size).
     unsafe {
-        std::ptr::write_unaligned(bytes as *mut libc::cmsghdr, hdr);
-        std::ptr::write_unaligned(bytes.add(hdr_len) as *mut libc::in_pktinfo, info);
+        std::ptr::write_unaligned(bytes.add(at) as *mut libc::cmsghdr, hdr);
+        std::ptr::write_unaligned(bytes.add(at + hdr_len) as *mut T, data);
     }
-    space
+    at + space
+}
+
+/// Writes the control messages of one datagram into `buf`: its source address and, for
+/// IPv6, its traffic class and hop limit. Returns their length.
+fn write_tx_cmsgs(buf: &mut [u64; CMSG_WORDS], to: &TxTo) -> usize {
+    match to.src.to_canonical() {
+        IpAddr::V4(src) => {
+            let info = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(src).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            put_cmsg(buf, 0, libc::IPPROTO_IP, libc::IP_PKTINFO, info)
+        }
+        IpAddr::V6(src) => {
+            let scope = match to.dst {
+                SocketAddr::V6(d) => d.scope_id(),
+                SocketAddr::V4(_) => 0,
+            };
+            let info = libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr { s6_addr: src.octets() },
+                ipi6_ifindex: scope,
+            };
+            let mut at = put_cmsg(buf, 0, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info);
+            if let Some((tclass, hop_limit)) = to.v6 {
+                at = put_cmsg(
+                    buf,
+                    at,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_TCLASS,
+                    libc::c_int::from(tclass),
+                );
+                // Hop limit 0 in an address handle: the route's default (-1), not a dead packet.
+                let hl = if hop_limit == 0 {
+                    -1
+                } else {
+                    libc::c_int::from(hop_limit)
+                };
+                at = put_cmsg(buf, at, libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, hl);
+            }
+            at
+        }
+    }
 }
 
 /// Receive buffers for one `recvmmsg`: [`BATCH`] datagrams of up to `size` bytes.
@@ -264,7 +460,7 @@ fn write_pktinfo(buf: &mut [u64; 8], src: Ipv4Addr) -> usize {
 pub struct RxBatch {
     bufs: Vec<Vec<u8>>,
     names: Vec<libc::sockaddr_storage>,
-    cmsgs: Vec<[u64; 8]>,
+    cmsgs: Vec<[u64; CMSG_WORDS]>,
     got: Vec<Received>,
 }
 
@@ -275,7 +471,7 @@ impl RxBatch {
             bufs: (0..BATCH).map(|_| vec![0u8; size]).collect(),
             // SAFETY: sockaddr_storage is plain data; all-zero is valid.
             names: (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            cmsgs: vec![[0u64; 8]; BATCH],
+            cmsgs: vec![[0u64; CMSG_WORDS]; BATCH],
             got: Vec::with_capacity(BATCH),
         }
     }
@@ -288,7 +484,7 @@ impl RxBatch {
 }
 
 /// Reads up to [`BATCH`] datagrams at once; returns how many (0 when the socket is drained).
-pub fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch) -> io::Result<usize> {
+pub fn recv_batch(sock: &RoceSocket, rx: &mut RxBatch) -> io::Result<usize> {
     let mut iovs: [libc::iovec; BATCH] = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
@@ -306,7 +502,7 @@ pub fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch) -> io::Result<usize> {
         h.msg_iov = &mut iovs[i];
         h.msg_iovlen = 1;
         h.msg_control = rx.cmsgs[i].as_mut_ptr() as *mut libc::c_void;
-        h.msg_controllen = std::mem::size_of::<[u64; 8]>();
+        h.msg_controllen = std::mem::size_of::<[u64; CMSG_WORDS]>();
     }
     // SAFETY: every msghdr points into `rx` buffers and local arrays that outlive the call;
     // lengths match the buffers.
@@ -330,42 +526,179 @@ pub fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch) -> io::Result<usize> {
     rx.got.clear();
     for (i, m) in msgs.iter().enumerate().take(n as usize) {
         let src = sockaddr_to_std(&rx.names[i]).unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
-        let dst_ip = pktinfo_dst(&m.msg_hdr).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let c = read_rx_cmsgs(&m.msg_hdr);
         rx.got.push(Received {
             len: m.msg_len as usize,
             src,
-            dst_ip,
+            dst_ip: c.dst.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            hop_limit: c.hop_limit,
+            traffic_class: c.traffic_class,
         });
     }
     Ok(n as usize)
 }
 
+/// A received address, IPv4-mapped IPv6 ones as IPv4 (see [`canonical_sockaddr`]).
 fn sockaddr_to_std(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    if s.ss_family as libc::c_int == libc::AF_INET {
-        // SAFETY: the family says the storage holds a sockaddr_in, which it is large enough for.
-        let a = unsafe { &*(s as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
-        Some(SocketAddr::from((
-            Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-            u16::from_be(a.sin_port),
-        )))
-    } else {
-        None
+    match s.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is large enough for.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
+            Some(SocketAddr::from((
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6, which it is large enough for.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
+            let v6 = SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                0,
+                a.sin6_scope_id,
+            );
+            Some(canonical_sockaddr(SocketAddr::V6(v6)))
+        }
+        _ => None,
     }
 }
 
-/// The destination address from an `IP_PKTINFO` control message, if the kernel wrote one.
-fn pktinfo_dst(h: &libc::msghdr) -> Option<IpAddr> {
+/// What the control messages of one received datagram say.
+#[derive(Debug, Default)]
+struct RxInfo {
+    dst: Option<IpAddr>,
+    hop_limit: Option<u8>,
+    traffic_class: Option<u8>,
+}
+
+/// Reads the destination address (`IP_PKTINFO`/`IPV6_PKTINFO`), TTL/hop limit and
+/// TOS/traffic class from the control messages the kernel wrote.
+fn read_rx_cmsgs(h: &libc::msghdr) -> RxInfo {
+    let mut out = RxInfo::default();
     // SAFETY: the CMSG_* helpers walk the control buffer the kernel filled, within
-    // msg_controllen; each header they return lies inside it.
+    // msg_controllen; each header they return lies inside it, and its payload is as long as
+    // its type says (checked against cmsg_len before reading).
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
-                let info = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
-                return Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+            let data = libc::CMSG_DATA(c);
+            let payload = ((*c).cmsg_len as usize).saturating_sub(data as usize - c as usize);
+            let int = || (payload >= 4).then(|| std::ptr::read_unaligned(data as *const libc::c_int));
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) if payload >= std::mem::size_of::<libc::in_pktinfo>() => {
+                    let info = std::ptr::read_unaligned(data as *const libc::in_pktinfo);
+                    out.dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if payload >= std::mem::size_of::<libc::in6_pktinfo>() => {
+                    let info = std::ptr::read_unaligned(data as *const libc::in6_pktinfo);
+                    out.dst = Some(Ipv6Addr::from(info.ipi6_addr.s6_addr).to_canonical());
+                }
+                (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                    out.hop_limit = int().and_then(|v| u8::try_from(v).ok());
+                }
+                (libc::IPPROTO_IP, libc::IP_TOS) if payload >= 1 => {
+                    out.traffic_class = Some(*data);
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    out.traffic_class = int().and_then(|v| u8::try_from(v).ok());
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    None
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(sock: &RoceSocket) -> Vec<(Vec<u8>, Received)> {
+        let mut rx = RxBatch::new(2048);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let n = recv_batch(sock, &mut rx).unwrap();
+            if n > 0 {
+                return (0..n)
+                    .filter_map(|i| rx.datagram(i).map(|(d, r)| (d.to_vec(), r)))
+                    .collect();
+            }
+            assert!(std::time::Instant::now() < deadline, "nothing arrived");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn dual_stack_home_sockets_carry_ipv4_and_ipv6() {
+        let (a, _) = bind_home().unwrap();
+        let (b, port) = bind_home().unwrap();
+        assert!(a.is_dual() && b.is_dual(), "this host has IPv6");
+        let mut batch = TxBatch::default();
+        batch.next_buf().extend_from_slice(b"four");
+        batch.commit(TxTo {
+            src: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            v6: None,
+        });
+        batch.next_buf().extend_from_slice(b"six");
+        batch.commit(TxTo {
+            src: IpAddr::V6(Ipv6Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+            v6: Some((0x28, 9)),
+        });
+        assert_eq!(send_batch(&a, &mut batch), (2, 0));
+        let mut got = drain(&b);
+        if got.len() < 2 {
+            got.extend(drain(&b));
+        }
+        let four = got.iter().find(|(d, _)| d == b"four").unwrap().1;
+        assert_eq!(four.src.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST), "IPv4 stays IPv4");
+        assert_eq!(four.dst_ip, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(four.hop_limit, Some(64));
+        let six = got.iter().find(|(d, _)| d == b"six").unwrap().1;
+        assert_eq!(six.src.ip(), IpAddr::V6(Ipv6Addr::LOCALHOST));
+        assert_eq!(six.dst_ip, IpAddr::V6(Ipv6Addr::LOCALHOST));
+        assert_eq!(
+            (six.traffic_class, six.hop_limit),
+            (Some(0x28), Some(9)),
+            "GRH fields on the wire"
+        );
+        assert_eq!(
+            a.send_to(b"x", SocketAddr::from((Ipv4Addr::LOCALHOST, port))).unwrap(),
+            1
+        );
+    }
+
+    #[test]
+    fn ipv4_only_sockets_send_ipv4_and_refuse_ipv6() {
+        let a = open_as(0, false, true, false).unwrap();
+        let b = open_as(0, false, true, false).unwrap();
+        assert!(!a.is_dual());
+        let port = b.local_addr().unwrap().port();
+        let mut batch = TxBatch::default();
+        batch.next_buf().extend_from_slice(b"six");
+        batch.commit(TxTo {
+            src: IpAddr::V6(Ipv6Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+            v6: None,
+        });
+        batch.next_buf().extend_from_slice(b"four");
+        batch.commit(TxTo {
+            src: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            v6: None,
+        });
+        assert_eq!(
+            send_batch(&a, &mut batch),
+            (1, 1),
+            "the IPv6 one fails, the IPv4 one goes"
+        );
+        let got = drain(&b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, b"four");
+        assert_eq!(got[0].1.dst_ip, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert!(a.send_to(b"x", SocketAddr::from((Ipv6Addr::LOCALHOST, port))).is_err());
+    }
 }

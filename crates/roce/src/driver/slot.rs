@@ -3,8 +3,9 @@
 
 use super::endpoint::{Endpoint, Home};
 use super::forward::Origin;
+use super::net::TxTo;
 use crate::engine::{earliest, RcConfig, RcEngine, UdConfig, UdEngine, UdSource, DEFAULT_KEEPALIVE};
-use softrdma_verbs::device::DeviceInfo;
+use softrdma_verbs::device::{gid_to_ip, DeviceInfo, Gid};
 use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::{Errno, Error, QpDriver, QpState, QpTransport, QpType, Result};
 use softrdma_wire::roce::RocePacket;
@@ -18,12 +19,20 @@ use std::time::{Duration, Instant};
 enum Engine {
     Rc {
         eng: Box<RcEngine>,
-        local: Ipv4Addr,
-        remote: Ipv4Addr,
+        local: IpAddr,
+        remote: IpAddr,
+        /// Scope id of a link-local IPv6 `remote` (the device's interface), else 0.
+        scope_id: u32,
+        /// IPv6 traffic class and hop limit, from the GRH (None for IPv4).
+        v6: Option<(u8, u8)>,
     },
     Ud {
         eng: UdEngine,
-        local: Ipv4Addr,
+        /// The device's GID table as addresses (the source of a datagram is its address
+        /// handle's `sgid_index`).
+        sources: Vec<IpAddr>,
+        /// The device's interface (the scope of link-local IPv6 destinations).
+        ifindex: u32,
     },
 }
 
@@ -98,25 +107,50 @@ fn gid_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
     Ipv6Addr::from(*gid).to_ipv4_mapped()
 }
 
-/// The local IPv4 address for source GID `index` of `dev`.
-fn local_ipv4(dev: &DeviceInfo, index: u8, qpn: u32) -> Result<Ipv4Addr> {
-    if let Some(g) = dev.gid(index as usize) {
-        if let Some(ip) = gid_ipv4(&g.0) {
-            return Ok(ip);
-        }
-        return Err(Error::new(
+/// True for an IPv6 link-local (`fe80::/10`) address.
+fn is_link_local(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+}
+
+/// The device's GID table as addresses.
+fn gid_addrs(dev: &DeviceInfo) -> Vec<IpAddr> {
+    dev.gids().into_iter().map(gid_to_ip).collect()
+}
+
+/// The local address of source GID `index` of `dev`.
+fn local_ip(dev: &DeviceInfo, index: u8, qpn: u32) -> Result<IpAddr> {
+    match dev.gid(index as usize) {
+        Some(g) => Ok(gid_to_ip(g)),
+        None => Err(Error::inval(format!(
+            "modify_qp {qpn}: {} has no GID index {index}",
+            dev.name
+        ))),
+    }
+}
+
+/// The first IPv4 address of `dev`'s GID table (what multicast groups are joined on).
+fn first_ipv4(dev: &DeviceInfo, qpn: u32) -> Result<Ipv4Addr> {
+    dev.gids().iter().find_map(|g| gid_ipv4(&g.0)).ok_or_else(|| {
+        Error::new(
             Errno::OpNotSupp,
             format!(
-                "modify_qp {qpn}: source GID {index} of {} is IPv6; soft-RoCE sends over IPv4 only so far \
-                 (use an IPv4-mapped GID, index 0)",
+                "attach_mcast on QP {qpn}: {} has no IPv4 address (IPv4 multicast only)",
                 dev.name
             ),
-        ));
-    }
-    Err(Error::inval(format!(
-        "modify_qp {qpn}: {} has no GID index {index}",
-        dev.name
-    )))
+        )
+    })
+}
+
+/// The source for a UD datagram to `dst`: GID `sgid_index` when it is of `dst`'s family,
+/// else the first GID that is (an IPv4 address handle with index 0 on a device whose GID 0
+/// is IPv6, or the reverse). None if the device has no address of that family.
+fn ud_source(sources: &[IpAddr], sgid_index: u8, dst: IpAddr) -> Option<IpAddr> {
+    let same = |ip: &IpAddr| ip.is_ipv4() == dst.is_ipv4();
+    sources
+        .get(sgid_index as usize)
+        .copied()
+        .filter(same)
+        .or_else(|| sources.iter().copied().find(same))
 }
 
 impl Slot {
@@ -155,17 +189,25 @@ impl Slot {
                          peer's GID (ibv_rc_pingpong: pass -g 0)"
                     )));
                 }
-                let Some(remote) = gid_ipv4(&av.dgid) else {
-                    return Err(Error::new(
-                        Errno::OpNotSupp,
-                        format!(
-                            "modify_qp {qpn} to RTR: destination GID {} is not IPv4-mapped; soft-RoCE sends over \
-                             IPv4 only so far",
-                            Ipv6Addr::from(av.dgid)
-                        ),
-                    ));
-                };
-                let local = local_ipv4(dev, av.sgid_index, qpn)?;
+                let remote = gid_to_ip(Gid(av.dgid));
+                if remote.is_unspecified() || Gid(av.dgid).is_multicast() {
+                    return Err(Error::inval(format!(
+                        "modify_qp {qpn} to RTR: destination GID {} is no unicast address",
+                        Ipv6Addr::from(av.dgid)
+                    )));
+                }
+                let local = local_ip(dev, av.sgid_index, qpn)?;
+                if local.is_ipv4() != remote.is_ipv4() {
+                    return Err(Error::inval(format!(
+                        "modify_qp {qpn} to RTR: source GID {} of {} is {local} but the destination is {remote}: \
+                         pick the GID index of an {} address",
+                        av.sgid_index,
+                        dev.name,
+                        if remote.is_ipv4() { "IPv4" } else { "IPv6" }
+                    )));
+                }
+                let scope_id = if is_link_local(remote) { dev.ifindex } else { 0 };
+                let v6 = remote.is_ipv6().then_some((av.traffic_class, av.hop_limit));
                 let cfg = RcConfig {
                     keepalive: keepalive_interval(),
                     ..RcConfig::from_qp_attr(qpn, &attr, mtu)
@@ -175,10 +217,21 @@ impl Slot {
                     eng: Box::new(RcEngine::new(qp.clone(), cfg)),
                     local,
                     remote,
+                    scope_id,
+                    v6,
                 }
             }
             QpType::Ud => {
-                let local = local_ipv4(dev, 0, qpn)?;
+                let sources = gid_addrs(dev);
+                if sources.is_empty() {
+                    return Err(Error::new(
+                        Errno::AddrNotAvail,
+                        format!(
+                            "modify_qp {qpn} to RTR: {} has no GID (its netdev has no address)",
+                            dev.name
+                        ),
+                    ));
+                }
                 let cfg = UdConfig {
                     local_qpn: qpn,
                     qkey: attr.qkey,
@@ -187,7 +240,8 @@ impl Slot {
                 };
                 Engine::Ud {
                     eng: UdEngine::new(qp.clone(), cfg),
-                    local,
+                    sources,
+                    ifindex: dev.ifindex,
                 }
             }
             other => {
@@ -216,7 +270,7 @@ impl Slot {
         let mut guard = lock(&self.engine);
         match guard.as_mut() {
             Some(Engine::Rc { eng, remote, .. }) => {
-                if origin.src.ip() != IpAddr::V4(*remote) {
+                if origin.src.ip().to_canonical() != *remote {
                     tracing::debug!(qpn = self.qpn, src = %origin.src, "soft-RoCE: RC packet from a stranger (dropped)");
                     ep.counters.wrong_source.fetch_add(1, Ordering::Relaxed);
                     return;
@@ -227,8 +281,8 @@ impl Slot {
                 let src = UdSource {
                     src_ip: origin.src.ip(),
                     dst_ip: origin.dst_ip,
-                    hop_limit: 64,
-                    traffic_class: 0,
+                    hop_limit: origin.hop_limit,
+                    traffic_class: origin.traffic_class,
                 };
                 eng.handle_packet(now, &pkt, &src);
             }
@@ -296,13 +350,23 @@ impl Slot {
             let mut batch = batch.borrow_mut();
             loop {
                 match &mut *engine {
-                    Engine::Rc { eng, local, remote } => {
-                        let dst = ep.destination(*remote, eng.config().dest_qpn);
+                    Engine::Rc {
+                        eng,
+                        local,
+                        remote,
+                        scope_id,
+                        v6,
+                    } => {
+                        let to = TxTo {
+                            src: *local,
+                            dst: ep.destination(*remote, *scope_id, eng.config().dest_qpn),
+                            v6: *v6,
+                        };
                         while !batch.is_full() && eng.poll_transmit(now, batch.next_buf()) {
-                            batch.commit(*local, dst);
+                            batch.commit(to);
                         }
                     }
-                    Engine::Ud { eng, local } => {
+                    Engine::Ud { eng, sources, ifindex } => {
                         while !batch.is_full() {
                             let Some(t) = eng.poll_transmit(now, batch.next_buf()) else {
                                 break;
@@ -311,8 +375,16 @@ impl Slot {
                                 Some(b) => u32::from_be_bytes([0, b[0], b[1], b[2]]),
                                 None => 0,
                             };
-                            match gid_ipv4(&t.dgid) {
-                                Some(dst) => batch.commit(*local, ep.destination(dst, dqpn)),
+                            let dst = gid_to_ip(Gid(t.dgid));
+                            match ud_source(sources, t.sgid_index, dst) {
+                                Some(src) => {
+                                    let scope = if is_link_local(dst) { *ifindex } else { 0 };
+                                    batch.commit(TxTo {
+                                        src,
+                                        dst: ep.destination(dst, scope, dqpn),
+                                        v6: dst.is_ipv6().then_some((t.traffic_class, t.hop_limit)),
+                                    });
+                                }
                                 None => {
                                     ep.counters.unsupported.fetch_add(1, Ordering::Relaxed);
                                 }
@@ -426,7 +498,7 @@ impl QpTransport for RoceQp {
                 Ipv6Addr::from(gid)
             )));
         };
-        let local = local_ipv4(qp.pd.context().device(), 0, qpn)?;
+        let local = first_ipv4(qp.pd.context().device(), qpn)?;
         let ep = self.endpoint()?;
         ep.join(qpn, group, local)?;
         lock(&self.slot.groups).push((group, local));

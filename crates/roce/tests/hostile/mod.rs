@@ -1,7 +1,7 @@
 //! The raw RoCE peer of `hostile_peer.rs`: a plain UDP socket on 127.0.0.1 that builds
 //! datagrams with the `softrdma-wire` encoders and a correct (or deliberately wrong) ICRC, and
 //! decodes what comes back, both the victim's direct answers and the MADs another softrdma
-//! process (or this one) forwards to it with the driver's `SRF1` header.
+//! process (or this one) forwards to it with the driver's `SRF2` header.
 //!
 //! Its port `P` doubles as a QPN home port: a victim QP connected (RTR) to `make_qpn(P, i)`
 //! sends its ACKs and NAKs straight here (same-host delivery goes to the owner's home port),
@@ -24,9 +24,10 @@ use std::os::unix::net::{SocketAddr as UnixAddr, UnixDatagram};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The driver's forwarding header: magic, family, source IP/port, destination IP/port.
-const FORWARD_MAGIC: &[u8; 4] = b"SRF1";
-const FORWARD_HDR_LEN: usize = 4 + 1 + 16 + 2 + 16 + 2;
+/// The driver's forwarding header: magic, family, source IP/port, destination IP/port, hop
+/// limit, traffic class.
+const FORWARD_MAGIC: &[u8; 4] = b"SRF2";
+const FORWARD_HDR_LEN: usize = 4 + 1 + 16 + 2 + 16 + 2 + 1 + 1;
 
 /// One datagram the peer received, decoded.
 #[derive(Debug, Clone)]

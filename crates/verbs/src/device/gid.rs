@@ -2,7 +2,16 @@
 //!
 //! A soft-RoCE device's GIDs are its netdev's IP addresses (see
 //! [`DeviceInfo::gids`](super::DeviceInfo::gids)): an IPv4 address as the IPv4-mapped IPv6
-//! address `::ffff:a.b.c.d` ([`Gid::from_ip`], [`gid_to_ip`]), every entry of type RoCE v2.
+//! address `::ffff:a.b.c.d`, an IPv6 address as it is ([`Gid::from_ip`], [`gid_to_ip`]),
+//! every entry of type RoCE v2. The soft-RoCE driver sends to an IPv4-mapped GID over IPv4
+//! and to any other GID over IPv6.
+//!
+//! Linux rxe's table differs in order and extent: it starts with the default GID
+//! `fe80::` + the EUI-64 of the MAC (as RoCE v1 and v2) and holds a RoCE v1 twin of every
+//! entry. Here the IPv4 addresses come first (so `-g 0` is an IPv4 GID, as the tools and
+//! tests expect), there is no RoCE v1 entry, and a link-local GID is listed only when the
+//! netdev has that address: the driver can send only from addresses the host owns (on a
+//! netdev with a MAC and IPv6, the kernel's EUI-64 link-local address is the default GID).
 //!
 //! Every device has a 6-byte *hardware identity* `hw`:
 //! - the netdev's MAC address, if it has a non-zero one;
