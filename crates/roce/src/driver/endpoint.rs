@@ -8,7 +8,7 @@ use super::slot::Slot;
 use super::stats::DriverCounters;
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::{Errno, Error, Result};
-use softrdma_wire::roce::{check_icrc_any_id, icrc, icrc_bytes, IcrcIp};
+use softrdma_wire::roce::{check_icrc, check_icrc_any_id, icrc, icrc_bytes, IcrcIp};
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV6};
