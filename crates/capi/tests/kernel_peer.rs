@@ -80,6 +80,11 @@ const MATRIX: &[Case] = &[
     case("roce-rping", Transport::Rxe, Wire::RoceCm),
     case("roce-udaddy", Transport::Rxe, Wire::RoceCm),
     case("roce-mckey", Transport::Rxe, Wire::RoceCm),
+    // IPv6 GIDs (global addresses on both ends of the tap)
+    case("roce-rc-pingpong-v6", Transport::Rxe, Wire::Roce),
+    case("roce-ud-pingpong-v6", Transport::Rxe, Wire::Roce),
+    case("roce-rping-v6", Transport::Rxe, Wire::RoceCm),
+    case("roce-ucmatose-v6", Transport::Rxe, Wire::RoceCm),
 ];
 
 /// Under 2 % loss: 64 MiB, every byte checked by the tool (rping -V, ibv_rc_pingpong -c).
@@ -236,10 +241,24 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
         Mode::Kill => (&[("KPEER_KILL_AFTER", "4"), ("KPEER_KILL_BOUND", "30")], ".kill"),
     };
     let bound = Duration::from_secs(if mode == Mode::Loss { 480 } else { 240 });
-    let (_, text) = script(run, &[&sh, case.name, dir], extra, bound);
     let res = run.dir.join("results").join(format!("{}.{dir}{suffix}", case.name));
-    let verdict = std::fs::read_to_string(res.join("verdict")).unwrap_or_default();
-    println!("    {}", verdict.trim());
+    let mut attempt = 1;
+    let (text, verdict) = loop {
+        let (_, text) = script(run, &[&sh, case.name, dir], extra, bound);
+        let verdict = std::fs::read_to_string(res.join("verdict")).unwrap_or_default();
+        println!("    {}", verdict.trim());
+        // perftest in the TCG guest sometimes cannot calibrate its clock (its sampled CPU MHz
+        // fit is below r^2 0.9: "Can't produce a report") after the transfer itself completed;
+        // that says nothing about the wire, so such a case runs once more.
+        let kernel_log = res.join(if dir == "k2s" { "server.log" } else { "client.log" });
+        let clock = std::fs::read_to_string(&kernel_log).unwrap_or_default();
+        if !verdict.contains(" PASS ") && attempt == 1 && clock.contains("Can't produce a report") {
+            println!("    (the kernel side's perftest could not calibrate its clock in the guest: once more)");
+            attempt += 1;
+            continue;
+        }
+        break (text, verdict);
+    };
     if !verdict.contains(" PASS ") {
         return Err(format!(
             "{} {dir}: {}\n{text}\n--- info\n{}\n--- server.log (tail)\n{}\n--- client.log (tail)\n{}\n--- guest dmesg (tail)\n{}\n(all in {})",
@@ -260,7 +279,8 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
         return Ok(());
     }
     wirecheck(&res.join("cap.pcap"), case.wire)?;
-    if case.transport == Transport::Rxe {
+    // IPv6 has no Identification: wirecheck's ICRC check covers those captures.
+    if case.transport == Transport::Rxe && !case.name.ends_with("-v6") {
         icrc_agreement(&res.join("cap.pcap"))?;
     }
     Ok(())

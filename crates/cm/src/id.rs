@@ -17,9 +17,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-/// How long an iWARP connect to this host that TCP refused is tried again before REJECTED
-/// (see `IdInner::retry_refused`).
-const LOCAL_REFUSED_BUDGET: Duration = Duration::from_millis(250);
+/// How long a connect that finds nothing listening (TCP refused it on iWARP, REJ reason 8 on
+/// RoCE) is tried again before REJECTED; see `IdInner::retry_refused` and
+/// `ib::active::retry_unclaimed`. Any destination: a slow peer (a kernel in a TCG guest took
+/// longer than 250 ms) re-listens as late as a local one.
+pub(crate) const NO_LISTENER_RETRY_BUDGET: Duration = Duration::from_millis(500);
 
 /// An active iWARP id's connect, kept for `IdInner::retry_refused`.
 #[derive(Debug, Clone)]
@@ -238,8 +240,8 @@ impl IdInner {
         }
     }
 
-    /// An iWARP connect to this host that TCP refused (nothing listens yet): instead of
-    /// REJECTED, connects again after 2, 4, 8, ... ms for at most [`LOCAL_REFUSED_BUDGET`], as
+    /// An iWARP connect that TCP refused (nothing listens yet): instead of REJECTED, connects
+    /// again after 2, 4, 8, ... ms for at most [`NO_LISTENER_RETRY_BUDGET`], as
     /// the RoCE side does for its REJ reason 8 (`ib::active::retry_unclaimed`, which says why:
     /// perftest `-R` listens again just while its client connects). True when a retry is
     /// scheduled.
@@ -250,7 +252,6 @@ impl IdInner {
                 return false;
             }
             let Some(dst) = st.peer else { return false };
-            let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], dst.ip()));
             let Some(r) = st.iwarp_retry.as_mut() else {
                 return false;
             };
@@ -258,12 +259,12 @@ impl IdInner {
             // must not keep its handle).
             r.tries += 1;
             let attempt = r.tries;
-            if !local || r.first.elapsed() >= LOCAL_REFUSED_BUDGET {
+            if r.first.elapsed() >= NO_LISTENER_RETRY_BUDGET {
                 return false;
             }
             let delay = Duration::from_millis(2u64 << attempt.min(8));
             st.conn = None;
-            tracing::debug!(peer = %dst, ?delay, "rdma_connect: nothing listens on this host yet, connecting again");
+            tracing::debug!(peer = %dst, ?delay, "rdma_connect: nothing listens there yet, connecting again");
             (delay, attempt)
         };
         let (delay, attempt) = delay;

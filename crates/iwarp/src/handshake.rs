@@ -12,10 +12,13 @@
 //!
 //! * **Initiator, default: no peer-to-peer mode.** The Request carries IRD/ORD and no P or RTR
 //!   bits, as Linux siw sends it (its `peer_to_peer` module parameter is off by default). No
-//!   RTR is sent; the first FPDU is whatever the application posts. This avoids a Linux siw
-//!   responder race: `siw_accept` sends its Reply *before* it installs `siw_rtr_data_ready`,
-//!   and an RTR arriving in between is dropped by `siw_cm_llp_data_ready` (endpoint already
-//!   in RDMA mode) and not read again until more data arrives — the connection hangs.
+//!   RTR is sent; the first FPDU is whatever the application posts, held until [`RTR_DELAY`]
+//!   after the Reply arrived (or until the responder's first FPDU). This avoids a Linux siw
+//!   responder race: `siw_accept` sends its Reply *before* it hands the socket to the QP's
+//!   receive path, and bytes arriving in between are dropped by `siw_cm_llp_data_ready`
+//!   (endpoint already in RDMA mode) and not read again until more data arrives — the
+//!   connection hangs. Seen against a TCG guest: the window was about 2 ms, and a SEND
+//!   perftest posted 0.5 ms after the Reply sat unread until the close.
 //! * **Initiator, opt-in peer-to-peer** ([`MpaParams::p2p`]; the driver takes it from
 //!   `SOFTRDMA_IWARP_P2P=1`, read in one place, `driver::p2p_from_env`): for responders that
 //!   need an RTR before they send (iw_cxgb4 with `peer2peer=1` expects the P bit and an RTR type
@@ -48,8 +51,9 @@ use softrdma_verbs::{bail, Error, Result};
 use softrdma_wire::{IrdOrd, MpaFrame, MpaKind, MPA_MAX_PD_LEN};
 use std::time::Duration;
 
-/// Opt-in peer-to-peer initiator: how long after the MPA Reply arrived the RTR is sent
-/// (keeps it out of Linux siw's accept window, see the module documentation).
+/// Initiator: how long after the MPA Reply arrived the first FPDU (the RTR in peer-to-peer
+/// mode) may leave, unless the responder sent one first (keeps it out of Linux siw's accept
+/// window, see the module documentation).
 pub const RTR_DELAY: Duration = Duration::from_millis(50);
 
 /// Non-peer-to-peer responder: how long after the peer's TCP acknowledged the MPA Reply the

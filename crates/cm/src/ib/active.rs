@@ -93,10 +93,6 @@ fn reserve_port(st: &mut IdState, src: IpAddr, ifindex: u32, udp: bool) -> Resul
     Ok(port)
 }
 
-/// How long a REQ that this host's CM answered with REJ reason 8 (nothing listens) is sent
-/// again before REJECTED is reported; see [`retry_unclaimed`].
-const LOCAL_REJ8_BUDGET: Duration = Duration::from_millis(250);
-
 /// An active id's connect, kept for [`retry_unclaimed`].
 #[derive(Debug, Clone)]
 pub(crate) struct ConnectRetry {
@@ -121,17 +117,15 @@ pub(crate) fn connect(id: &CmId, param: &ConnParam) -> Result<()> {
     }
 }
 
-/// An RC REQ to this host found no listener (REJ reason 8, answered by this host's CM at once):
-/// instead of REJECTED, the connect starts again after 2, 4, 8, ... ms, for at most
-/// [`LOCAL_REJ8_BUDGET`]. The kernel reports REJECTED at once, but its active side takes far
+/// An RC REQ found no listener (REJ reason 8): instead of REJECTED, the connect starts again
+/// after 2, 4, 8, ... ms, for at most [`crate::id::NO_LISTENER_RETRY_BUDGET`]. The kernel reports REJECTED at once, but its active side takes far
 /// longer from `rdma_resolve_addr` to the REQ than this CM does, so applications that re-listen
 /// just before their peer connects (perftest `-R` destroys its first listener, exchanges data
 /// and listens again while the client resolves and connects) find the listener in time there;
 /// over this CM they would race it. Returns true when a retry is scheduled.
 pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
     let active = matches!(&ls.kind, Kind::Rc(c) if c.is_active());
-    let local = crate::devices::cached().is_ok_and(|devs| addr::is_local(&devs, &[], ls.remote));
-    if !active || !local {
+    if !active {
         return false;
     }
     let old = {
@@ -141,7 +135,7 @@ pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
         let Some(r) = st.connect_retry.as_mut() else {
             return false;
         };
-        if !connecting || r.first.elapsed() >= LOCAL_REJ8_BUDGET {
+        if !connecting || r.first.elapsed() >= crate::id::NO_LISTENER_RETRY_BUDGET {
             return false;
         }
         let delay = Duration::from_millis(2u64 << r.tries.min(7));
@@ -150,7 +144,7 @@ pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
     };
     let (Some(link_id), delay) = old else { return false };
     let w = Arc::downgrade(id);
-    tracing::debug!(peer = %ls.peer, ?delay, "IB CM: nothing listens on this host yet, REQ again");
+    tracing::debug!(peer = %ls.peer, ?delay, "IB CM: nothing listens there yet, REQ again");
     std::thread::Builder::new()
         .name("softrdma-cm-retry".into())
         .spawn(move || {

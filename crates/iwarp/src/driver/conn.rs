@@ -421,10 +421,9 @@ impl TcpConn {
                     initiator: true,
                     rtr: neg.rtr,
                 };
-                if neg.rtr.is_some() {
-                    // Keep the RTR out of a Linux siw responder's accept window (handshake docs).
-                    st.tx_release = Some(Instant::now() + handshake::RTR_DELAY);
-                }
+                // Keep the first FPDU (or the RTR) out of a Linux siw responder's accept window
+                // (handshake docs).
+                st.tx_release = Some(Instant::now() + handshake::RTR_DELAY);
                 let Some(conn) = self.self_arc() else { return };
                 let handle = ConnHandle { conn };
                 if let Err(e) = qp.connect_established(Arc::new(handle), neg.ord.min(255) as u8, neg.ird.min(255) as u8)

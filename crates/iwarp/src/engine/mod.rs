@@ -197,8 +197,8 @@ impl Engine {
             tx_off: 0,
             tx_base: 0,
             // Held until `release_tx` (the driver's timing, see `crate::handshake`) or the
-            // peer's first FPDU, except on an initiator without RTR, which sends at once.
-            tx_enabled: cfg.initiator && rtr_pending.is_none(),
+            // peer's first FPDU, on both sides.
+            tx_enabled: false,
             await_rtr: !cfg.initiator && cfg.rtr.is_some(),
             rtr_pending,
             cur: None,
@@ -236,8 +236,8 @@ impl Engine {
     }
 
     /// True while FPDUs are held and only [`Engine::release_tx`] (not an RTR) can start them:
-    /// a non-peer-to-peer responder before the initiator's first FPDU, or a peer-to-peer
-    /// initiator before its RTR was released.
+    /// a non-peer-to-peer responder before the initiator's first FPDU, or an initiator before
+    /// its first FPDU (or RTR) was released.
     pub fn tx_release_pending(&self) -> bool {
         !self.tx_enabled && !self.await_rtr && self.phase == Phase::Running
     }

@@ -88,7 +88,11 @@ fn side_rtr(initiator: bool, srq: bool, access: Access, rtr: Option<Rtr>) -> (Si
         initiator,
         rtr,
     };
-    let engine = Engine::new(qp.inner().clone(), cfg);
+    let mut engine = Engine::new(qp.inner().clone(), cfg);
+    if initiator && rtr.is_none() {
+        // The driver's hold after the MPA Reply (handshake::RTR_DELAY) has passed.
+        engine.release_tx();
+    }
     (Side { pd, cq, qp, engine }, srq)
 }
 
@@ -704,8 +708,49 @@ fn non_p2p_responder_sends_first_once_released() {
     assert_eq!(r, vec![(5, WcStatus::Success)]);
     let s: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(s, vec![(6, WcStatus::Success)]);
-    // The initiator without RTR sends at once and owes none.
+    // The initiator without RTR (released by `side`) owes none.
     assert!(!a.engine.tx_release_pending());
+}
+
+#[test]
+fn non_p2p_initiator_holds_its_first_fpdu_until_released_or_answered() {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    for answered in [false, true] {
+        let (mut a, _) = side(true, false, all);
+        // A fresh initiator engine, as the driver gets it after the MPA Reply.
+        let cfg = EngineConfig {
+            crc: true,
+            ird: 4,
+            ord: 4,
+            initiator: true,
+            rtr: None,
+        };
+        a.engine = Engine::new(a.qp.inner().clone(), cfg);
+        let (mut b, _) = side(false, false, all);
+        let src = a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        let dst = b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv_one(1, dst.sge(0, 8)).unwrap();
+        a.qp.post_send_one(SendWr::send(2, vec![src.sge(0, 8)])).unwrap();
+        // Held: a Linux siw responder may not read its socket yet (handshake docs).
+        assert!(a.engine.tx_release_pending());
+        a.engine.fill_tx();
+        assert!(a.engine.tx_pending().is_empty(), "sent inside the accept window");
+        if answered {
+            // The responder's first FPDU shows its receive path is up: no wait is needed.
+            let bsrc = b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+            let adst = a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+            a.qp.post_recv_one(3, adst.sge(0, 8)).unwrap();
+            b.qp.post_send_one(SendWr::send(4, vec![bsrc.sge(0, 8)])).unwrap();
+            b.engine.release_tx();
+            assert!(transfer(&mut b, &mut a) > 0);
+            assert!(!a.engine.tx_release_pending());
+        } else {
+            a.engine.release_tx();
+        }
+        assert!(transfer(&mut a, &mut b) > 0, "answered={answered}");
+        let r: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert!(r.contains(&(1, WcStatus::Success)), "answered={answered}: {r:?}");
+    }
 }
 
 #[test]
