@@ -260,7 +260,7 @@ fn ibv_devinfo_verbose_shows_the_roce_device() {
         format!("\tnode_guid:\t\t\t{}", format_guid(dev.node_guid())),
         "\tvendor_id:\t\t\t0xffffff".to_owned(),
         "\tvendor_part_id:\t\t\t0".to_owned(),
-        "\tmax_qp_rd_atom:\t\t\t32".to_owned(),
+        "\tmax_qp_rd_atom:\t\t\t128".to_owned(),
         "\tatomic_cap:\t\t\tATOMIC_HCA (1)".to_owned(),
         "\t\t\tstate:\t\t\tPORT_ACTIVE (4)".to_owned(),
         "\t\t\tmax_mtu:\t\t4096 (5)".to_owned(),

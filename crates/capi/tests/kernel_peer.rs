@@ -95,11 +95,12 @@ const LOSS: &[Case] = &[
 ];
 const LOSS_PERCENT: &str = "2";
 
-/// Peer death: a 30 s WRITE stream whose kernel side is killed (-9) after 4 s; softrdma's
-/// client must end with an error within 30 s (flushed or retry-exceeded completions), not hang.
+/// Peer death: an endless rping stream (SEND, READ, WRITE) whose kernel side is killed (-9)
+/// after 4 s; softrdma's client must end with an error within 30 s (flushed or retry-exceeded
+/// completions), not hang.
 const KILL: &[Case] = &[
-    case("iw-write-bw-long", Transport::Siw, Wire::Iwarp),
-    case("roce-write-bw-long", Transport::Rxe, Wire::RoceCm),
+    case("iw-rping-long", Transport::Siw, Wire::Iwarp),
+    case("roce-rping-long", Transport::Rxe, Wire::RoceCm),
 ];
 
 const DIRS: [(&str, &str); 2] = [("kernel_server", "k2s"), ("softrdma_server", "s2k")];
@@ -123,22 +124,16 @@ struct Run {
 static RUN: Mutex<Option<Run>> = Mutex::new(None);
 
 fn env_of(run: &Run) -> Vec<(&'static str, String)> {
+    let knob = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
     vec![
         ("KPEER_RUN", run.dir.display().to_string()),
         ("KPEER_NS", run.ns.clone()),
-        (
-            "KPEER_ACCEL",
-            std::env::var("KPEER_ACCEL").unwrap_or_else(|_| "tcg".into()),
-        ),
+        ("KPEER_ACCEL", knob("KPEER_ACCEL", "tcg")),
         ("SOFTRDMA_DROPIN", common::dropin_dir().display().to_string()),
-        (
-            "KPEER_T_SRV",
-            std::env::var("KPEER_T_SRV").unwrap_or_else(|_| "90".into()),
-        ),
-        (
-            "KPEER_T_CLI",
-            std::env::var("KPEER_T_CLI").unwrap_or_else(|_| "75".into()),
-        ),
+        ("KPEER_T_SRV", knob("KPEER_T_SRV", "90")),
+        ("KPEER_T_CLI", knob("KPEER_T_CLI", "75")),
+        // perftest -n: 200 x 64 KiB keeps each capture near 13 MB (TCG time, wirecheck time)
+        ("KPEER_PERF_ITERS", knob("KPEER_PERF_ITERS", "200")),
     ]
 }
 

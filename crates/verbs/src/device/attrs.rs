@@ -67,9 +67,10 @@ pub mod limits {
         pub const DEVICE_CAP_FLAGS: u32 = (1 << 6) | (1 << 11) | (1 << 12) | super::DEVICE_CAP_MEM_MGT_EXTENSIONS;
         /// Scatter/gather entries per WR, also for RDMA Read and SRQ WRs (rxe: 32).
         pub const MAX_SGE: i32 = 32;
-        /// Outstanding RDMA Reads/atomics per QP, both directions. rxe allows 128; softrdma
-        /// reports the soft-iWARP value, which is smaller.
-        pub const MAX_RD_ATOM: i32 = if super::MAX_ORD < 128 { super::MAX_ORD } else { 128 };
+        /// Outstanding RDMA Reads/atomics per QP, both directions: rxe's 128
+        /// (`RXE_MAX_QP_RD_ATOM`). perftest without `-R` sets `max_rd_atomic` to the peer's
+        /// value, so against a kernel rxe peer a smaller limit fails its RTS.
+        pub const MAX_RD_ATOM: i32 = 128;
         /// Address handles per device.
         pub const MAX_AH: i32 = 0x7fff;
         /// Multicast groups per device (rxe: 8192).
