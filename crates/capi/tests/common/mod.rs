@@ -14,19 +14,38 @@ pub const LIB: &str = "libsoftrdma.so";
 /// Bound on every child process.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The built cdylib: cargo builds the library target of this package before its integration
-/// tests and leaves the fresh `libsoftrdma.so` next to the test executable (`deps/`) and one
-/// level up.
+/// The built cdylib, fresh: `cargo test` does not build a cdylib-only package's library for its
+/// integration tests (a fresh clone has none, and an old one would be tested silently), so this
+/// runs `cargo build -p softrdma-capi --lib` in the test executable's own target directory and
+/// profile (a no-op when it is up to date; cargo does not hold its lock while tests run).
+/// `SOFTRDMA_DROPIN_LIB` names a library to use instead (the ASan runs).
 pub fn built_library() -> PathBuf {
     if let Some(p) = std::env::var_os("SOFTRDMA_DROPIN_LIB") {
         return PathBuf::from(p);
     }
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join(LIB), deps.parent().unwrap().join(LIB)]
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{LIB} not found near {}; set SOFTRDMA_DROPIN_LIB", exe.display()))
+    let exe = std::env::current_exe().expect("the test executable's path");
+    // <target>/<profile>/deps/<test>
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("the target directory");
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo
+        .args(["build", "-p", "softrdma-capi", "--lib", "--target-dir"])
+        .arg(target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cargo.arg("--release");
+    }
+    let out = cargo
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo to build {LIB}: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo build -p softrdma-capi failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = profile_dir.join(LIB);
+    assert!(lib.is_file(), "cargo built no {}", lib.display());
+    lib
 }
 
 /// The drop-in directory of this test executable: a copy of the library plus the four
