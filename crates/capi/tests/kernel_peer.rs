@@ -96,8 +96,8 @@ const LOSS: &[Case] = &[
 const LOSS_PERCENT: &str = "2";
 
 /// Peer death: an endless rping stream (SEND, READ, WRITE) whose kernel side is killed (-9)
-/// after 4 s; softrdma's client must end with an error within 30 s (flushed or retry-exceeded
-/// completions), not hang.
+/// after 4 s; softrdma's client must end by itself within 30 s, having seen the death (an error
+/// exit, a DISCONNECTED event, or an error completion in its output), not hang.
 const KILL: &[Case] = &[
     case("iw-rping-long", Transport::Siw, Wire::Iwarp),
     case("roce-rping-long", Transport::Rxe, Wire::RoceCm),
