@@ -116,6 +116,9 @@ fn udp_dual() -> io::Result<Socket> {
     setsockopt_int(&s, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
     setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
     setsockopt_int(&s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+    // Linux rdma_rxe sends RoCEv2 over IPv6 with UDP checksum 0 (RFC 6935/6936 allow it for
+    // tunnels; rxe's own socket accepts it the same way); without this the kernel drops them.
+    setsockopt_int(&s, libc::IPPROTO_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
     grow_buffers(&s);
     Ok(s)
 }
