@@ -170,6 +170,8 @@ fn script(run: &Run, args: &[&str], extra: &[(&str, &str)], bound: Duration) -> 
         Err(e) => return (false, format!("cannot dup {}: {e}", out.display())),
     };
     let mut cmd = Command::new("bash");
+    // Its own process group, so that a timeout ends the tools and dumpcap it started too.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.args(args)
         .current_dir(repo())
         .stdin(Stdio::null())
@@ -190,6 +192,10 @@ fn script(run: &Run, args: &[&str], extra: &[(&str, &str)], bound: Duration) -> 
         match child.try_wait() {
             Ok(Some(status)) => break status.success(),
             Ok(None) if Instant::now() > deadline => {
+                if let Ok(pgid) = i32::try_from(child.id()) {
+                    // SAFETY: kill(2) on the process group this function created.
+                    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                }
                 let _ = child.kill();
                 let _ = child.wait();
                 let text = std::fs::read_to_string(&out).unwrap_or_default();
