@@ -93,9 +93,14 @@ const EXIT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_millis(5
 
 /// The library's destructor (process exit): lets the IB CM MADs queued last (the DREP of an
 /// `rdma_disconnect` after DISCONNECTED, the DREQ of an `rdma_destroy_id`) leave the process
-/// before it ends, as the kernel's CM would still send them (`softrdma_cm::flush_mads`).
+/// before it ends, as the kernel's CM would still send them (`softrdma_cm::flush_mads`), and
+/// lets iWARP FINs held by `softrdma_iwarp::driver::FIN_GRACE` go out (the exit would close
+/// those sockets at once).
 extern "C" fn flush_cm_at_exit() {
-    let _ = std::panic::catch_unwind(|| softrdma_cm::flush_mads(EXIT_FLUSH_LIMIT));
+    let _ = std::panic::catch_unwind(|| {
+        softrdma_iwarp::driver::wait_held_fins(softrdma_iwarp::driver::FIN_GRACE * 2);
+        softrdma_cm::flush_mads(EXIT_FLUSH_LIMIT)
+    });
 }
 
 #[used]

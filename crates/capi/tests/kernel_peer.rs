@@ -55,21 +55,10 @@ struct Case {
     name: &'static str,
     transport: Transport,
     wire: Wire,
-    /// Why the case is reported as ignored: a known defect, open on its issue.
-    known: Option<&'static str>,
 }
 
 const fn case(name: &'static str, transport: Transport, wire: Wire) -> Case {
-    Case {
-        name,
-        transport,
-        wire,
-        known: None,
-    }
-}
-
-const fn known(c: Case, why: &'static str) -> Case {
-    Case { known: Some(why), ..c }
+    Case { name, transport, wire }
 }
 
 const MATRIX: &[Case] = &[
@@ -78,11 +67,7 @@ const MATRIX: &[Case] = &[
     case("iw-ucmatose-many", Transport::Siw, Wire::Iwarp),
     case("iw-write-bw", Transport::Siw, Wire::Iwarp),
     case("iw-send-bw", Transport::Siw, Wire::Iwarp),
-    known(
-        case("iw-read-bw", Transport::Siw, Wire::Iwarp),
-        "#13: the transfer passes, but in about half the runs the kernel side's last perftest \
-         message after the READ test completes with LOC_QP_OP_ERR once softrdma closes",
-    ),
+    case("iw-read-bw", Transport::Siw, Wire::Iwarp),
     case("roce-rc-pingpong", Transport::Rxe, Wire::Roce),
     case("roce-ud-pingpong", Transport::Rxe, Wire::Roce),
     case("roce-write-bw", Transport::Rxe, Wire::Roce),
@@ -498,10 +483,7 @@ fn main() {
                 Mode::Kill => format!("peer_killed::{}", c.name),
             };
             let why = missing.clone();
-            if let Some(known) = c.known {
-                println!("kernel_peer: {name} ignored: {known}");
-            }
-            let ignored = c.known.is_some() || (missing.is_some() && !under_ci);
+            let ignored = missing.is_some() && !under_ci;
             let trial = Trial::test(name, move || match why {
                 Some(why) => Err(format!("cannot run under CI: {why}").into()),
                 None => run_case(c, dir, mode),

@@ -18,6 +18,15 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(5);
 const CHILD_ENV: &str = "SOFTRDMA_PORT_REUSE_CHILD";
 
+/// One test at a time: spawning the child process forks this one, and between fork and exec
+/// the child holds copies of every port claim (abstract Unix sockets), so a test that frees and
+/// re-binds a port at that moment would see it taken.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -149,6 +158,7 @@ fn one_connection(port: u16, server_first: bool) {
 
 #[test]
 fn listener_port_is_free_at_once_after_a_server_side_close() {
+    let _serial = serial();
     let port = free_port();
     one_connection(port, true);
     // The server closed first: its end of the connection waits in TIME_WAIT on the port.
@@ -173,6 +183,7 @@ fn listener_port_is_free_at_once_after_a_server_side_close() {
 
 #[test]
 fn two_live_ids_on_one_port_in_one_process() {
+    let _serial = serial();
     let port = free_port();
     let lo = SocketAddr::from(([127, 0, 0, 1], port));
     let any = SocketAddr::from(([0, 0, 0, 0], port));
@@ -220,6 +231,7 @@ fn two_live_ids_on_one_port_in_one_process() {
 
 #[test]
 fn bind_wildcard_over_a_specific_one_is_eaddrnotavail_like_cma() {
+    let _serial = serial();
     let port = free_port();
     let a = id(None);
     a.bind_addr(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
@@ -272,6 +284,7 @@ fn child_says(rx: &mpsc::Receiver<String>, key: &str) -> String {
 
 #[test]
 fn two_live_ids_on_one_port_in_two_processes() {
+    let _serial = serial();
     let (mut child, rx) = spawn_child("child_holds_ports");
     let bound: u16 = child_says(&rx, "BOUND").parse().unwrap();
     let listening: u16 = child_says(&rx, "LISTENING").parse().unwrap();
@@ -327,6 +340,7 @@ fn child_holds_ports() {
 /// side does with its REJ reason 8) instead of REJECTED at once.
 #[test]
 fn connect_to_this_host_waits_briefly_for_a_listener() {
+    let _serial = serial();
     let port = free_port();
     let at = SocketAddr::from(([127, 0, 0, 1], port));
     let (chs, chc) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());

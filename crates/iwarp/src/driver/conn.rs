@@ -69,6 +69,11 @@ pub(crate) struct ConnState {
     /// When the engine's held first FPDUs may leave (`Engine::release_tx`): the RTR delay of
     /// a peer-to-peer initiator, or a responder's grace after its Reply was acknowledged.
     tx_release: Option<Instant>,
+    /// When the peer's bytes last arrived (see [`super::FIN_GRACE`]).
+    last_rx: Option<Instant>,
+    /// Until when a local disconnect holds its FIN ([`super::FIN_GRACE`]; counted in
+    /// `FINS_HELD`). Fixed when the hold starts: later bytes from the peer do not extend it.
+    fin_held: Option<Instant>,
 }
 
 impl ConnState {
@@ -191,6 +196,8 @@ impl TcpConn {
                 writing: interest.write,
                 linger: None,
                 tx_release: None,
+                last_rx: None,
+                fin_held: None,
             }),
             wakeups: std::sync::atomic::AtomicU64::new(0),
         });
@@ -236,6 +243,9 @@ impl TcpConn {
             engine.qp().detach_driver();
         }
         st.phase = Phase::Closed;
+        if st.fin_held.take().is_some() {
+            super::FINS_HELD.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         if let Some(sock) = st.sock.take() {
             let _ = sock.shutdown(std::net::Shutdown::Both);
             if let Some(t) = self.token() {
@@ -490,7 +500,13 @@ impl TcpConn {
 
     /// The data path: read, hand to the engine, write what it produced.
     pub(crate) fn on_established(&self, st: &mut ConnState, ev: Event) {
-        let ConnState { phase, sock, out, .. } = st;
+        let ConnState {
+            phase,
+            sock,
+            out,
+            last_rx,
+            ..
+        } = st;
         let Phase::Established { engine } = phase else { return };
         let Some(sock) = sock.as_ref() else { return };
         let mut closed: Option<String> = None;
@@ -520,6 +536,7 @@ impl TcpConn {
                     Ok(n) => {
                         engine.rx_commit(n);
                         budget = budget.saturating_sub(n);
+                        *last_rx = Some(Instant::now());
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -546,7 +563,7 @@ impl TcpConn {
                 self.kick();
             }
         }
-        if st.disconnect && closed.is_none() {
+        if st.disconnect && closed.is_none() && !self.hold_fin(st) {
             closed = Some("disconnected locally".into());
         }
         let ConnState {
@@ -592,6 +609,14 @@ impl TcpConn {
             return self.close(st, Some(ConnEvent::Disconnected { reason: why }));
         }
         if engine_done {
+            // A local flush (the application disconnected, or moved or destroyed the QP):
+            // the FIN may wait. A Terminate has its own linger below.
+            let local = engine.phase() == EnginePhase::Closed;
+            if (st.disconnect || local) && self.hold_fin(st) {
+                return;
+            }
+            let ConnState { phase, .. } = st;
+            let Phase::Established { engine } = phase else { return };
             let why = engine
                 .close_reason
                 .clone()
@@ -624,6 +649,30 @@ impl TcpConn {
 }
 
 impl TcpConn {
+    /// True while a local disconnect's FIN waits for [`super::FIN_GRACE`] after the peer's
+    /// last bytes (the peer's stack may not have retired the WR that sent them); arms the
+    /// timer that ends the wait.
+    fn hold_fin(&self, st: &mut ConnState) -> bool {
+        let until = match st.fin_held {
+            Some(at) => Some(at),
+            None => {
+                let at = st.last_rx.map(|t| t + super::FIN_GRACE);
+                if at.is_some_and(|at| Instant::now() < at) {
+                    st.fin_held = at;
+                    super::FINS_HELD.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                }
+                st.fin_held
+            }
+        };
+        match until {
+            Some(at) if Instant::now() < at => {
+                self.set_timer(at);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Releases the engine's held first FPDUs when their time came, or sets a timer for it.
     /// A responder's grace starts once the peer's TCP acknowledged the MPA Reply (the only
     /// bytes sent so far), so that a delayed or retransmitted Reply cannot arrive together

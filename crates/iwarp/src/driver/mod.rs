@@ -114,3 +114,23 @@ impl Default for ConnectParams {
 /// How long a connection that sent a Terminate waits for the peer to take it. A peer that
 /// stops reading cannot hold the connection (and its fd) longer than this.
 pub const TERMINATE_LINGER: Duration = Duration::from_secs(5);
+
+/// A local disconnect within this time of the peer's last bytes holds its FIN until the time
+/// is up. Linux siw completes a SEND only after its TX thread retires the WQE, and the peer's
+/// FIN flushes a WQE not yet retired with LOC_QP_OP_ERR (`siw_sq_flush`), even though its bytes
+/// were delivered and answered: perftest `-R`'s last handshake SEND failed that way in about a
+/// third of the runs against a kernel in a TCG guest, where softrdma answered and closed within
+/// half a millisecond. Applications see DISCONNECTED this much later at most.
+pub const FIN_GRACE: Duration = Duration::from_millis(20);
+
+/// Connections whose FIN is held by [`FIN_GRACE`] now.
+pub(crate) static FINS_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Waits (at most `limit`) until no connection holds its FIN: the process's exit would close
+/// the sockets at once (the library's destructor calls this).
+pub fn wait_held_fins(limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while FINS_HELD.load(std::sync::atomic::Ordering::Acquire) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
