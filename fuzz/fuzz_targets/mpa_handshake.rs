@@ -21,6 +21,7 @@ fn params(pd_len: usize, ird: u32, ord: u32, crc: bool) -> MpaParams {
         ird,
         ord,
         crc,
+        p2p: false,
     }
 }
 
@@ -76,7 +77,7 @@ fn check_reply(data: &[u8], ours: &MpaParams) -> Option<(ReplyOutcome, usize)> {
                         // Never more READs outstanding than the responder said it accepts.
                         assert!(n.ord <= u32::from(e.ird).max(1), "{n:?} vs {e:?}");
                     } else {
-                        assert!(!n.rtr, "RTR without the RFC 6581 block");
+                        assert!(n.rtr.is_none(), "RTR without the RFC 6581 block");
                     }
                 }
             }
@@ -111,7 +112,7 @@ fn accept_and_check(req: &MpaFrame, p: &MpaParams, initiator: &MpaParams) -> Opt
     assert!(neg.ird >= 1 && neg.ird <= 0x3fff);
     assert!(neg.ord >= 1 && neg.ord <= p.ord.max(1));
     assert_eq!(neg.peer_private_data, req.private_data);
-    if neg.rtr {
+    if neg.rtr.is_some() {
         assert!(f.enhanced.is_some() && req.enhanced.is_some());
     }
     if let (Some(fe), Some(re)) = (f.enhanced, req.enhanced) {
@@ -157,6 +158,7 @@ fn initiator_of(req: &MpaFrame) -> MpaParams {
         ird: req.enhanced.map_or(1, |e| u32::from(e.ird)),
         ord: req.enhanced.map_or(1, |e| u32::from(e.ord)),
         crc: req.crc,
+        p2p: req.enhanced.is_some_and(|e| e.peer_to_peer),
     }
 }
 
@@ -190,6 +192,7 @@ fn exchange(data: &[u8]) {
         ird: u32::from_le_bytes([data[2], data[3], data[4], data[5]]) >> (data[9] & 31),
         ord: u32::from_le_bytes([data[5], data[6], data[7], data[8]]) >> (data[9] >> 3 & 31),
         crc: data[9] & 1 != 0,
+        p2p: data[9] & 2 != 0,
     };
     let req = match build_request(&ours) {
         Ok(r) => {
@@ -215,14 +218,17 @@ fn exchange(data: &[u8]) {
     if let Some(e) = frame.enhanced {
         assert_eq!(u32::from(e.ird), clamp14(ours.ird));
         assert_eq!(u32::from(e.ord), clamp14(ours.ord));
-        assert!(e.peer_to_peer && e.read_rtr);
+        // Peer-to-peer (both RTR types offered) only when asked for (handshake.rs rules).
+        assert_eq!(e.peer_to_peer, ours.p2p);
+        assert_eq!((e.read_rtr, e.write_rtr), (ours.p2p, ours.p2p));
     }
     assert!(parse_reply(&req, &ours).is_err(), "a request parsed as a reply");
     for p in variants() {
         let neg = accept_and_check(&frame, &p, &ours).expect("softrdma never asks for markers");
-        // Two softrdma peers that both fit the RFC 6581 block always agree on the RTR.
+        // Two softrdma peers that both fit the RFC 6581 block agree on an RTR exactly when
+        // the initiator asked for peer-to-peer mode.
         let both_enhanced = frame.enhanced.is_some() && p.private_data.len() + 4 <= MPA_MAX_PD_LEN;
-        assert_eq!(neg.rtr, both_enhanced);
+        assert_eq!(neg.rtr.is_some(), both_enhanced && ours.p2p);
     }
     reject_and_check(&frame, &ours.private_data, &ours);
 }

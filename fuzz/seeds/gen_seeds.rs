@@ -78,7 +78,7 @@ fn initiator(crc: bool) -> Initiator {
             ird: 4,
             ord: 4,
             initiator: true,
-            rtr: true,
+            rtr: Some(softrdma_iwarp::engine::Rtr::Read),
         },
     );
     Initiator {
@@ -444,6 +444,7 @@ fn mpa_seeds(out: &mut Out) {
         ird,
         ord,
         crc,
+        p2p: false,
     };
     let reqs = [
         ("v2_crc", p(b"hello", 4, 8, true)),

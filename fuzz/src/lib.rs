@@ -339,7 +339,7 @@ pub mod rx {
                     ird,
                     ord: 4,
                     initiator: false,
-                    rtr: true,
+                    rtr: Some(softrdma_iwarp::engine::Rtr::Read),
                 },
             );
             World {
