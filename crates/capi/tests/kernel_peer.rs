@@ -55,10 +55,21 @@ struct Case {
     name: &'static str,
     transport: Transport,
     wire: Wire,
+    /// Why the case is reported as ignored: a known defect, open on its issue.
+    known: Option<&'static str>,
 }
 
 const fn case(name: &'static str, transport: Transport, wire: Wire) -> Case {
-    Case { name, transport, wire }
+    Case {
+        name,
+        transport,
+        wire,
+        known: None,
+    }
+}
+
+const fn known(c: Case, why: &'static str) -> Case {
+    Case { known: Some(why), ..c }
 }
 
 const MATRIX: &[Case] = &[
@@ -94,7 +105,11 @@ const MATRIX: &[Case] = &[
 /// synchronous rounds ran past six minutes in the TCG guest.)
 const LOSS: &[Case] = &[
     case("iw-rping-64m", Transport::Siw, Wire::Iwarp),
-    case("roce-rc-pingpong-64m", Transport::Rxe, Wire::Roce),
+    known(
+        case("roce-rc-pingpong-64m", Transport::Rxe, Wire::Roce),
+        "#13: under 2 % loss against rxe, softrdma's QP went to the error state (a flushed receive) in 1 of 4 CI runs; \
+         run it with --ignored",
+    ),
 ];
 const LOSS_PERCENT: &str = "2";
 
@@ -483,7 +498,10 @@ fn main() {
                 Mode::Kill => format!("peer_killed::{}", c.name),
             };
             let why = missing.clone();
-            let ignored = missing.is_some() && !under_ci;
+            if let (Some(known), false) = (c.known, args.list) {
+                println!("kernel_peer: {name} ignored: {known}");
+            }
+            let ignored = c.known.is_some() || (missing.is_some() && !under_ci);
             let trial = Trial::test(name, move || match why {
                 Some(why) => Err(format!("cannot run under CI: {why}").into()),
                 None => run_case(c, dir, mode),
