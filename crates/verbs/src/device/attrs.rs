@@ -581,8 +581,8 @@ mod tests {
         assert_eq!(a.vendor_id, 0xFF_FFFF);
         assert_eq!(a.vendor_part_id, 0);
         assert_eq!(a.atomic_cap, AtomicCap::Hca);
-        assert_eq!(a.max_qp_rd_atom, 32);
-        assert_eq!(a.max_qp_init_rd_atom, 32);
+        assert_eq!(a.max_qp_rd_atom, 128, "rxe's RXE_MAX_QP_RD_ATOM");
+        assert_eq!(a.max_qp_init_rd_atom, 128);
         assert_eq!(a.max_sge, 32);
         assert_eq!(a.max_sge_rd, 32);
         assert!(a.max_ah > 0 && a.max_mcast_grp > 0 && a.max_mcast_qp_attach > 0);
