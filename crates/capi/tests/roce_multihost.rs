@@ -164,6 +164,10 @@ fn nft_or_skip() -> bool {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn verbs_tools_between_two_hosts() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("t") else { return };
@@ -208,6 +212,14 @@ fn cm_pair(h: &Hosts, tool: &str, server: &[&str], client: &[&str], port: u16) -
 /// addresses, ucmatose on the link-local ones (`fe80::52:1%veth`); a capture of it all passes
 /// wirecheck (when dumpcap, tshark and wirecheck are there).
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
 fn ipv6_between_two_hosts() {
     let _serial = one_at_a_time();
     let Some(mut h) = Hosts::or_skip("6") else { return };
@@ -281,6 +293,14 @@ fn ipv6_between_two_hosts() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
 fn verbs_tools_under_two_percent_loss() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("l") else { return };
@@ -340,6 +360,10 @@ fn ib_write_bw_running(h: &Hosts) -> (Proc, Proc) {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn ib_write_bw_server_killed_mid_transfer() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("k") else { return };
@@ -366,6 +390,10 @@ fn ib_write_bw_server_killed_mid_transfer() {
 /// and DISCONNECTED follows, within keepalive (2 s) + grid (0.25 s) + 8 × the rdma_cm ACK
 /// timeout (1.07 s) ≈ 10.9 s.
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn ib_send_bw_rdma_cm_client_killed_server_learns() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("q") else { return };
@@ -412,6 +440,10 @@ fn ib_send_bw_rdma_cm_client_killed_server_learns() {
 /// in RETRY_EXC_ERR within the bound and it exits; nothing hangs. Once the link is back, a new
 /// transfer between the same hosts works.
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn link_down_then_up_under_ib_write_bw() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("l") else { return };
@@ -486,6 +518,14 @@ fn rust_pair(h: &Hosts, test: &str, initiator_role: &str, extra: &[(&str, String
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
 fn rust_rc_data_intact_under_loss() {
     if let Some(role) = child_role() {
         return child::main(&role);
@@ -551,6 +591,10 @@ fn rust_rc_data_intact_under_loss() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn rust_peer_killed_gives_retry_exc_then_flush() {
     if let Some(role) = child_role() {
         return child::main(&role);
@@ -599,6 +643,14 @@ fn capture_prereqs() -> Option<std::path::PathBuf> {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
 fn capture_of_verbs_tools_passes_wirecheck() {
     let _serial = one_at_a_time();
     let Some(checker) = capture_prereqs() else { return };
@@ -624,6 +676,14 @@ fn capture_of_verbs_tools_passes_wirecheck() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
 fn capture_of_rust_rdma_cm_over_rxe_passes_wirecheck() {
     let _serial = one_at_a_time();
     let Some(checker) = capture_prereqs() else { return };

@@ -127,6 +127,10 @@ fn mpa_probe_child() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn cross_host_connect_and_data() {
     let Some(lan) = Lan::or_skip() else { return };
     let h1 = lan.addrs[0].clone();
@@ -177,6 +181,10 @@ fn cross_host_connect_and_data() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn r4_loopback_listener_is_unreachable_from_another_host() {
     let Some(lan) = Lan::or_skip() else { return };
     let _srv = server(&lan, 0, &["cmatose", "-b", "127.0.0.2", "-p", PORT], "listening");
@@ -204,6 +212,10 @@ fn r4_loopback_listener_is_unreachable_from_another_host() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn r12_remote_request_naming_loopback_is_rejected() {
     let Some(lan) = Lan::or_skip() else { return };
     let _srv = server(&lan, 0, &["cmatose", "-p", PORT], "listening");
@@ -225,6 +237,10 @@ fn r12_remote_request_naming_loopback_is_rejected() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn r11_a_handed_loopback_address_means_the_own_host() {
     let Some(lan) = Lan::or_skip() else { return };
     // h1 serves on every address; h2 is (wrongly) told "127.0.0.1:7471".
@@ -257,6 +273,10 @@ fn r11_a_handed_loopback_address_means_the_own_host() {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn r9_no_answer_is_unreachable_within_the_bound() {
     let Some(lan) = Lan::or_skip() else { return };
     let (ok, text, took) = client(

@@ -235,6 +235,10 @@ fn sh(args: &[&str]) {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn link_down_for_two_seconds_and_back() {
     let Some(hosts) = pair_or_skip("ld") else { return };
     let (mut server, port) = soak_server_in(&hosts.a, &hosts.addr_a);
@@ -364,6 +368,14 @@ fn dropped(hosts: &NsPair) -> u64 {
 }
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
 fn two_percent_loss_transfer_verified() {
     loss_transfer("ls", "siw_", &[], &[]);
 }

@@ -7,6 +7,10 @@ use common::{check_results, run_bounded, start_server, TESTS};
 use std::time::Duration;
 
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn every_perf_test_across_two_namespaces() {
     let Some(hosts) = pair_or_skip("p") else { return };
     for test in TESTS {

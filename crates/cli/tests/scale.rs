@@ -126,6 +126,10 @@ fn listener_survives_two_thousand_attempts_at_once() {
 /// Issue #6 with the RoCE CM: three hosts (network namespaces on a bridge) open 500 RC
 /// connections at once to one listener on a fourth; every one establishes and moves verified data.
 #[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
 fn five_hundred_roce_connections_from_three_hosts() {
     let Some(lan) = common::lan::Lan::or_skip_with(4) else {
         return;

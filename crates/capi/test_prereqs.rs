@@ -1,0 +1,31 @@
+// Shared by the build scripts of softrdma-capi and softrdma-cli (`include!`).
+
+/// Tells the integration tests, as cfgs, what this machine lacks: `softrdma_unprivileged` (not
+/// root, or no iproute2: no network namespaces) and `softrdma_no_capture_tools` (no dumpcap,
+/// tshark or nft). Tests that need them are then reported as ignored with the reason
+/// (`#[cfg_attr(softrdma_unprivileged, ignore = "...")]`). Under `CI` nothing is set: there they
+/// run, and fail if the machine cannot.
+fn test_prerequisites() {
+    println!("cargo::rustc-check-cfg=cfg(softrdma_unprivileged)");
+    println!("cargo::rustc-check-cfg=cfg(softrdma_no_capture_tools)");
+    println!("cargo::rerun-if-env-changed=CI");
+    println!("cargo::rerun-if-env-changed=PATH");
+    println!("cargo::rerun-if-env-changed=USER");
+    if std::env::var_os("CI").is_some() {
+        return;
+    }
+    let ok = |script: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ok(r#"[ "$(id -u)" = 0 ] && command -v ip"#) {
+        println!("cargo::rustc-cfg=softrdma_unprivileged");
+    }
+    if !ok("command -v dumpcap && command -v tshark && command -v nft") {
+        println!("cargo::rustc-cfg=softrdma_no_capture_tools");
+    }
+}
