@@ -9,6 +9,9 @@
 //! LD_LIBRARY_PATH=$(cargo xtask dropin | tail -1) ibv_devinfo -v
 //! ```
 //!
+//! `abi [--check]`: regenerates the drop-in's ABI tables from the installed rdma-core (see
+//! `abi.rs`).
+//!
 //! `dropin --asan [--release] [--out DIR]`: the same library built with AddressSanitizer (debug
 //! unless `--release`) on the stable toolchain: `RUSTC_BOOTSTRAP=1`, `RUSTFLAGS` plus
 //! `-Zsanitizer=address -Cforce-frame-pointers=yes`, `--target <host triple>` (so build scripts
@@ -23,6 +26,8 @@
 //!
 //! `scripts/asan.sh tools` does this for the Debian tools.
 
+mod abi;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -36,6 +41,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("dropin") => dropin(&args[1..]),
+        Some("abi") => abi::run(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", usage());
             return ExitCode::SUCCESS;
@@ -55,7 +61,10 @@ fn usage() -> &'static str {
     "usage: cargo xtask dropin [--debug] [--asan] [--release] [--out DIR]\n  \
      builds the drop-in C library and prints the directory to put in LD_LIBRARY_PATH\n  \
      --asan: AddressSanitizer build (debug unless --release); run programs with\n  \
-     LD_PRELOAD=$(gcc -print-file-name=libasan.so)"
+     LD_PRELOAD=$(gcc -print-file-name=libasan.so)\n\
+     usage: cargo xtask abi [--check]\n  \
+     regenerates crates/capi/abi/exports.txt and crates/capi/src/generated_stubs.rs from the\n  \
+     installed rdma-core libraries (--check: fail if they are out of date)"
 }
 
 fn workspace_root() -> PathBuf {

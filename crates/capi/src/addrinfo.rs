@@ -212,7 +212,6 @@ c_fn! {
     /// `int rdma_getaddrinfo(const char *node, const char *service,
     /// const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)`: 0, an `EAI_*` code, or
     /// -1 and errno.
-    #[symver = "RDMACM_1.0"]
     fn rdma_getaddrinfo(
         node: *const c_char,
         service: *const c_char,
@@ -223,7 +222,6 @@ c_fn! {
     }
 
     /// `void rdma_freeaddrinfo(struct rdma_addrinfo *)`: frees the list.
-    #[symver = "RDMACM_1.0"]
     fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
         let mut p = res;
         while !p.is_null() {

@@ -315,20 +315,17 @@ c_fn! {
     /// `struct ibv_ah *ibv_create_ah(struct ibv_pd *, struct ibv_ah_attr *)`: NULL and errno
     /// EINVAL for attributes a RoCE device cannot route (no GRH, bad `sgid_index` or port),
     /// EOPNOTSUPP on an iWARP device.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
         ret_ptr(create_ah(pd, attr))
     }
 
     /// `int ibv_destroy_ah(struct ibv_ah *)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         ret_errno(destroy_ah(ah))
     }
 
     /// `int ibv_init_ah_from_wc(struct ibv_context *, uint8_t port_num, struct ibv_wc *,
     /// struct ibv_grh *, struct ibv_ah_attr *)`: 0, or -1 and errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_init_ah_from_wc(
         context: *mut ibv_context,
         port_num: u8,
@@ -341,21 +338,18 @@ c_fn! {
 
     /// `struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *, struct ibv_wc *,
     /// struct ibv_grh *, uint8_t port_num)`: an AH back to the sender of a UD receive.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut ibv_grh, port_num: u8) -> *mut ibv_ah {
         ret_ptr(create_ah_from_wc(pd, wc, grh, port_num))
     }
 
     /// `int ibv_attach_mcast(struct ibv_qp *, const union ibv_gid *, uint16_t lid)`: 0 or
     /// errno. The LID is ignored (RoCE); the GID must be multicast and the QP UD.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
         ret_errno(mcast(qp, gid, true))
     }
 
     /// `int ibv_detach_mcast(struct ibv_qp *, const union ibv_gid *, uint16_t lid)`: 0 or
     /// errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
         ret_errno(mcast(qp, gid, false))
     }

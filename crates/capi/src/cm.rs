@@ -69,7 +69,7 @@ const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
 /// Timeout librdmacm's `rdma_create_ep` uses for address and route resolution.
 const EP_RESOLVE_TIMEOUT_MS: c_int = 2000;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -94,11 +94,11 @@ const EXIT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_millis(5
 /// The library's destructor (process exit): lets the IB CM MADs queued last (the DREP of an
 /// `rdma_disconnect` after DISCONNECTED, the DREQ of an `rdma_destroy_id`) leave the process
 /// before it ends, as the kernel's CM would still send them (`softrdma_cm::flush_mads`), and
-/// lets iWARP FINs held by `softrdma_iwarp::driver::FIN_GRACE` go out (the exit would close
-/// those sockets at once).
+/// lets iWARP FINs held by `softrdma_iwarp::driver::FIN_GRACE` go out, and gives connections
+/// the application never closed the same grace (the exit would close those sockets at once).
 extern "C" fn flush_cm_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        softrdma_iwarp::driver::wait_held_fins(softrdma_iwarp::driver::FIN_GRACE * 2);
+        softrdma_iwarp::driver::wait_fin_grace_at_exit(softrdma_iwarp::driver::FIN_GRACE * 2);
         softrdma_cm::flush_mads(EXIT_FLUSH_LIMIT)
     });
 }
@@ -115,7 +115,7 @@ static FLUSH_CM_AT_EXIT: extern "C" fn() = flush_cm_at_exit;
 static CM_DEVICES: Mutex<Vec<(String, usize, usize)>> = Mutex::new(Vec::new());
 
 /// The process-wide context and default PD of `dev`.
-fn device_handles(dev: &DeviceInfo) -> CResult<(*mut ibv_context, *mut ibv_pd)> {
+pub(crate) fn device_handles(dev: &DeviceInfo) -> CResult<(*mut ibv_context, *mut ibv_pd)> {
     let mut devs = lock(&CM_DEVICES);
     if let Some((_, ctx, pd)) = devs.iter().find(|(name, _, _)| *name == dev.name) {
         return Ok((*ctx as *mut ibv_context, *pd as *mut ibv_pd));
@@ -245,9 +245,9 @@ fn create_event_channel() -> CResult<*mut rdma_event_channel> {
 #[repr(C)]
 pub(crate) struct SoftCmId {
     c: UnsafeCell<rdma_cm_id>,
-    id: CmId,
+    pub(crate) id: CmId,
     /// Serialises this library's writes to the C header.
-    update: Mutex<()>,
+    pub(crate) update: Mutex<()>,
     /// C wrappers of the id's private channels (synchronous ids), freed with the id.
     own_channels: Mutex<Vec<*mut rdma_event_channel>>,
     /// `rdma_create_ep` on a passive address: the QP attributes `rdma_get_request` uses.
@@ -258,6 +258,8 @@ pub(crate) struct SoftCmId {
     /// Multicast groups joined: `(MGID, context)`; MULTICAST_JOIN events carry the context
     /// in `param.ud.private_data`, as librdmacm does.
     mc_contexts: Mutex<Vec<([u8; 16], usize)>>,
+    /// `rdma_set_local_ece`: `(vendor_id, options)`.
+    pub(crate) local_ece: Mutex<Option<(u32, u32)>>,
 }
 c_object!(SoftCmId, rdma_cm_id, "id");
 
@@ -299,9 +301,10 @@ macro_rules! hset {
         unsafe { ptr::addr_of_mut!((*c).$($f).+).write(v) }
     }};
 }
+pub(crate) use {hget, hset};
 
 impl SoftCmId {
-    fn hdr(&self) -> *mut rdma_cm_id {
+    pub(crate) fn hdr(&self) -> *mut rdma_cm_id {
         self.c.get()
     }
 
@@ -335,7 +338,7 @@ impl SoftCmId {
         Ok(())
     }
 
-    fn qp(&self) -> *mut ibv_qp {
+    pub(crate) fn qp(&self) -> *mut ibv_qp {
         hget!(self, qp)
     }
 }
@@ -380,6 +383,7 @@ fn new_c_id(
         ep_qp_attr: Mutex::new(None),
         qpless: std::sync::atomic::AtomicBool::new(false),
         mc_contexts: Mutex::new(Vec::new()),
+        local_ece: Mutex::new(None),
     };
     soft.refresh()?;
     let p = soft.into_c();
@@ -565,7 +569,7 @@ fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn_param) -> CResult<c_int> {
     Ok(0)
 }
 
-fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8) -> CResult<c_int> {
+pub(crate) fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8) -> CResult<c_int> {
     // SAFETY: the caller's private data (C contract).
     let data = unsafe { private_data(data, usize::from(len))? };
     with_id(p, |s| Ok(s.id.reject(&data)?))?;
@@ -778,7 +782,7 @@ fn leave_multicast(p: *mut rdma_cm_id, addr: *mut sockaddr) -> CResult<c_int> {
 // QPs on ids
 
 /// librdmacm's `ucma_destroy_cqs`: the CQs and channels the library created for the id.
-fn destroy_id_cqs(soft: &SoftCmId) {
+pub(crate) fn destroy_id_cqs(soft: &SoftCmId) {
     let _g = lock(&soft.update);
     let recv_cq = hget!(soft, recv_cq);
     let send_cq = hget!(soft, send_cq);
@@ -1248,13 +1252,11 @@ const _: () = assert!(offset_of!(rdma_cm_id, route) == 32);
 c_fn! {
     /// `struct rdma_event_channel *rdma_create_event_channel(void)`: NULL with ENODEV when the
     /// host has no RDMA device.
-    #[symver = "RDMACM_1.0"]
     fn rdma_create_event_channel() -> *mut rdma_event_channel {
         ret_ptr(create_event_channel())
     }
 
     /// `void rdma_destroy_event_channel(struct rdma_event_channel *)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
         if !channel.is_null() {
             // SAFETY: a channel of this library; C gives it up with this call.
@@ -1265,7 +1267,6 @@ c_fn! {
     /// `int rdma_create_id(struct rdma_event_channel *, struct rdma_cm_id **, void *context,
     /// enum rdma_port_space ps)`: 0, or -1 and errno (as every `int rdma_*` call). A NULL
     /// channel makes a synchronous id.
-    #[symver = "RDMACM_1.0"]
     fn rdma_create_id(
         channel: *mut rdma_event_channel,
         id: *mut *mut rdma_cm_id,
@@ -1276,26 +1277,22 @@ c_fn! {
     }
 
     /// `int rdma_destroy_id(struct rdma_cm_id *)`: waits until the id's events are acked.
-    #[symver = "RDMACM_1.0"]
     fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         ret_neg1(destroy_id(id))
     }
 
     /// `int rdma_bind_addr(struct rdma_cm_id *, struct sockaddr *)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
         ret_neg1(bind_addr(id, addr))
     }
 
     /// `int rdma_resolve_addr(struct rdma_cm_id *, struct sockaddr *src, struct sockaddr *dst,
     /// int timeout_ms)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_resolve_addr(id: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr, timeout_ms: c_int) -> c_int {
         ret_neg1(resolve_addr(id, src, dst, timeout_ms))
     }
 
     /// `int rdma_resolve_route(struct rdma_cm_id *, int timeout_ms)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
         ret_neg1(resolve_route(id, timeout_ms))
     }
@@ -1303,7 +1300,6 @@ c_fn! {
     /// `int rdma_create_qp(struct rdma_cm_id *, struct ibv_pd *, struct ibv_qp_init_attr *)`:
     /// a NULL PD means the id's PD (the device's default); NULL CQs are created with a
     /// completion channel each and `cq_context = id`, as librdmacm does.
-    #[symver = "RDMACM_1.0"]
     fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> c_int {
         ret_neg1(create_qp(id, pd, qp_init_attr))
     }
@@ -1311,20 +1307,17 @@ c_fn! {
     /// `int rdma_create_qp_ex(struct rdma_cm_id *, struct ibv_qp_init_attr_ex *)`: the
     /// attributes of `rdma_create_qp`, with comp_mask IBV_QP_INIT_ATTR_PD and
     /// IBV_QP_INIT_ATTR_CREATE_FLAGS (create_flags 0; others are EOPNOTSUPP).
-    #[symver = "RDMACM_1.0"]
     fn rdma_create_qp_ex(id: *mut rdma_cm_id, qp_init_attr: *mut ibv_qp_init_attr_ex) -> c_int {
         ret_neg1(create_qp_ex(id, qp_init_attr))
     }
 
     /// `void rdma_destroy_qp(struct rdma_cm_id *)`: also destroys the CQs and channels
     /// `rdma_create_qp` created.
-    #[symver = "RDMACM_1.0"]
     fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         ret_or(destroy_qp(id), ())
     }
 
     /// `int rdma_connect(struct rdma_cm_id *, struct rdma_conn_param *)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
         ret_neg1(connect(id, conn_param))
     }
@@ -1332,51 +1325,43 @@ c_fn! {
     /// `int rdma_establish(struct rdma_cm_id *)`: completes a connection of an id without a QP
     /// after CONNECT_RESPONSE (RoCE: sends the RTU once the application moved its QP to RTS;
     /// iWARP: the QP named by conn_param.qp_num is already connected).
-    #[symver = "RDMACM_1.2"]
     fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
         ret_neg1(establish(id))
     }
 
     /// `int rdma_listen(struct rdma_cm_id *, int backlog)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
         ret_neg1(listen(id, backlog))
     }
 
     /// `int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)`: for
     /// synchronous listeners; creates the QP `rdma_create_ep` was given.
-    #[symver = "RDMACM_1.0"]
     fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
         ret_neg1(get_request(listen, id))
     }
 
     /// `int rdma_accept(struct rdma_cm_id *, struct rdma_conn_param *)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
         ret_neg1(accept(id, conn_param))
     }
 
     /// `int rdma_reject(struct rdma_cm_id *, const void *private_data, uint8_t len)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, private_data_len: u8) -> c_int {
         ret_neg1(reject(id, private_data, private_data_len))
     }
 
     /// `int rdma_disconnect(struct rdma_cm_id *)`.
-    #[symver = "RDMACM_1.0"]
     fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         ret_neg1(disconnect(id))
     }
 
     /// `int rdma_get_cm_event(struct rdma_event_channel *, struct rdma_cm_event **)`: blocks
     /// (EAGAIN when the channel's fd is O_NONBLOCK and nothing waits).
-    #[symver = "RDMACM_1.0"]
     fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
         ret_neg1(get_cm_event(channel, event))
     }
 
     /// `int rdma_ack_cm_event(struct rdma_cm_event *)`: frees the event.
-    #[symver = "RDMACM_1.0"]
     fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         ret_neg1(ack_cm_event(event))
     }
@@ -1384,7 +1369,6 @@ c_fn! {
     /// `int rdma_set_option(struct rdma_cm_id *, int level, int optname, void *optval,
     /// size_t optlen)`: RDMA_OPTION_ID TOS, REUSEADDR, AFONLY, ACK_TIMEOUT; a wrong optlen is
     /// EINVAL, an unknown option ENOSYS.
-    #[symver = "RDMACM_1.0"]
     fn rdma_set_option(
         id: *mut rdma_cm_id,
         level: c_int,
@@ -1397,14 +1381,12 @@ c_fn! {
 
     /// `int rdma_migrate_id(struct rdma_cm_id *, struct rdma_event_channel *)`: NULL makes
     /// the id synchronous.
-    #[symver = "RDMACM_1.0"]
     fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
         ret_neg1(migrate_id(id, channel))
     }
 
     /// `int rdma_init_qp_attr(struct rdma_cm_id *, struct ibv_qp_attr *, int *qp_attr_mask)`:
     /// the attributes of `qp_attr->qp_state` (INIT, RTR or RTS) for the id's connection.
-    #[symver = "RDMACM_1.2"]
     fn rdma_init_qp_attr(id: *mut rdma_cm_id, qp_attr: *mut ibv_qp_attr, qp_attr_mask: *mut c_int) -> c_int {
         ret_neg1(init_qp_attr(id, qp_attr, qp_attr_mask))
     }
@@ -1412,7 +1394,6 @@ c_fn! {
     /// `int rdma_join_multicast(struct rdma_cm_id *, struct sockaddr *addr, void *context)`:
     /// joins an IPv4 group as a full member (RoCE UD ids; iWARP: EOPNOTSUPP); MULTICAST_JOIN
     /// follows at once with the group's address vector, QPN 0xFFFFFF and RDMA_UDP_QKEY.
-    #[symver = "RDMACM_1.0"]
     fn rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int {
         ret_neg1(join_multicast(id, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context))
     }
@@ -1420,7 +1401,6 @@ c_fn! {
     /// `int rdma_join_multicast_ex(struct rdma_cm_id *, struct rdma_cm_join_mc_attr_ex *,
     /// void *context)`: comp_mask ADDRESS and JOIN_FLAGS are required; a send-only full member
     /// does not attach the id's QP.
-    #[symver = "RDMACM_1.1"]
     fn rdma_join_multicast_ex(
         id: *mut rdma_cm_id,
         mc_join_attr: *mut rdma_cm_join_mc_attr_ex,
@@ -1431,7 +1411,6 @@ c_fn! {
 
     /// `int rdma_leave_multicast(struct rdma_cm_id *, struct sockaddr *)`: detaches the QP;
     /// EADDRNOTAVAIL for a group the id did not join.
-    #[symver = "RDMACM_1.0"]
     fn rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
         ret_neg1(leave_multicast(id, addr))
     }
@@ -1439,7 +1418,6 @@ c_fn! {
     /// `int rdma_create_ep(struct rdma_cm_id **, struct rdma_addrinfo *, struct ibv_pd *,
     /// struct ibv_qp_init_attr *)`: a synchronous id; passive (RAI_PASSIVE) binds and keeps the
     /// QP attributes for `rdma_get_request`, active resolves (2 s) and creates the QP.
-    #[symver = "RDMACM_1.0"]
     fn rdma_create_ep(
         id: *mut *mut rdma_cm_id,
         res: *mut rdma_addrinfo,
@@ -1450,14 +1428,12 @@ c_fn! {
     }
 
     /// `void rdma_destroy_ep(struct rdma_cm_id *)`: the QP, SRQ, their CQs, and the id.
-    #[symver = "RDMACM_1.0"]
     fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         ret_or(destroy_ep(id), ())
     }
 
     /// `int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)`: no rsocket exists yet, so
     /// every fd is an ordinary one and goes straight to poll(2).
-    #[symver = "RDMACM_1.0"]
     fn rpoll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
         // SAFETY: the caller's array of `nfds` pollfds (C contract).
         let n = unsafe { libc::poll(fds, nfds, timeout) };

@@ -74,9 +74,10 @@ pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> 
     let c = &mut vctx.context;
     c.device = dev.as_ptr();
     c.ops = context_ops();
-    // No kernel command or async-event file descriptors exist; -1 is never a valid fd.
+    // No kernel command fd exists; -1 is never a valid fd. `async_fd` is the eventfd of the
+    // context's async events (pollable; the application may set O_NONBLOCK on it).
     c.cmd_fd = -1;
-    c.async_fd = -1;
+    c.async_fd = verbs.async_events().fd();
     c.num_comp_vectors = 1;
     c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
     c.abi_compat = VERBS_ABI_IS_EXTENDED;
@@ -372,22 +373,44 @@ fn query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> 
     Ok(0)
 }
 
+/// The index of `pkey` (network byte order) in the port's P_Key table.
+fn get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> CResult<c_int> {
+    let len = with_context(ctx, |c| Ok(c.verbs.query_port(port)?.pkey_tbl_len))?;
+    for i in 0..c_int::from(len) {
+        let mut entry = 0u16;
+        query_pkey(ctx, port, i, &mut entry)?;
+        if entry == pkey {
+            return Ok(i);
+        }
+    }
+    Err(CError::new(
+        libc::ENOENT,
+        format!(
+            "P_Key {:#06x} is not in the table (the default P_Key 0xffff is)",
+            u16::from_be(pkey)
+        ),
+    ))
+}
+
 c_fn! {
+    /// `int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)`:
+    /// the index, or -1 with errno.
+    fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pkey: u16) -> c_int {
+        ret_neg1(get_pkey_index(context, port_num, pkey))
+    }
+
     /// `struct ibv_context *ibv_open_device(struct ibv_device *device)`.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
         ret_ptr(open_device(device))
     }
 
     /// `int ibv_close_device(struct ibv_context *context)`: 0, or -1 for a pointer that is
     /// not an open context.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_close_device(context: *mut ibv_context) -> c_int {
         ret_neg1(close_device(context))
     }
 
     /// `int ibv_query_device(struct ibv_context *, struct ibv_device_attr *)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_query_device(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int {
         ret_errno(query_device(context, device_attr))
     }
@@ -395,7 +418,6 @@ c_fn! {
     /// `int ibv_query_port(struct ibv_context *, uint8_t, struct _compat_ibv_port_attr *)`:
     /// the exported call of binaries that do not use the extended context. Writes the 48
     /// bytes of the compat struct only (not `port_cap_flags2`). 0 or errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_query_port(context: *mut ibv_context, port_num: u8, port_attr: *mut _compat_ibv_port_attr) -> c_int {
         ret_errno(query_port_into(context, port_num, port_attr.cast(), COMPAT_PORT_ATTR_LEN))
     }
@@ -419,7 +441,6 @@ c_fn! {
 
     /// `int ibv_query_gid(struct ibv_context *, uint8_t, int, union ibv_gid *)`: 0 (an empty
     /// entry reads as all zeros), or -1 and errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
         ret_neg1(query_gid(context, port_num, index, gid))
     }
@@ -427,7 +448,6 @@ c_fn! {
     /// `int _ibv_query_gid_ex(struct ibv_context *, uint32_t port_num, uint32_t gid_index,
     /// struct ibv_gid_entry *, uint32_t flags, size_t entry_size)`: 0 or errno (ENODATA for an
     /// empty entry, EINVAL for flags or a bad port/index).
-    #[symver = "IBVERBS_1.11"]
     fn _ibv_query_gid_ex(
         context: *mut ibv_context,
         port_num: u32,
@@ -442,7 +462,6 @@ c_fn! {
     /// `ssize_t _ibv_query_gid_table(struct ibv_context *, struct ibv_gid_entry *entries,
     /// size_t max_entries, uint32_t flags, size_t entry_size)` (behind the inline
     /// `ibv_query_gid_table`): the number of valid entries written, or a negative errno value.
-    #[symver = "IBVERBS_1.11"]
     fn _ibv_query_gid_table(
         context: *mut ibv_context,
         entries: *mut ibv_gid_entry,
@@ -460,7 +479,6 @@ c_fn! {
     /// enum ibv_gid_type_sysfs *type)` (IBVERBS_PRIVATE_34, used by ibv_devinfo): the sysfs
     /// numbering, 0 = "IB/RoCE v1", 1 = "RoCE v2"; an empty entry reads as 0. 0, or -1 and
     /// errno.
-    #[symver = "IBVERBS_PRIVATE_34"]
     fn ibv_query_gid_type(context: *mut ibv_context, port_num: u8, index: c_uint, type_: *mut u32) -> c_int {
         ret_neg1(query_gid_type(context, port_num, index, type_))
     }
@@ -469,7 +487,6 @@ c_fn! {
     /// and errno. P_Key entries below the port's `pkey_tbl_len` read as the default P_Key
     /// 0xffff; an iWARP port has no P_Key table (length 0), so every index fails with ENOENT,
     /// as rdma-core's read of the missing sysfs file does on a kernel siw device.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_query_pkey(context: *mut ibv_context, port_num: u8, index: c_int, pkey: *mut u16) -> c_int {
         ret_neg1(query_pkey(context, port_num, index, pkey))
     }

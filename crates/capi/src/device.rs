@@ -24,6 +24,8 @@ use crate::error::{non_null, ret_or, ret_ptr, write_out, CError, CResult};
 #[repr(C)]
 pub(crate) struct SoftDevice {
     ibv: ibv_device,
+    /// Position in creation order: the device index (`ibv_get_device_index`).
+    index: usize,
     transport: TransportKind,
     info: Mutex<DeviceInfo>,
 }
@@ -79,6 +81,7 @@ impl SoftDevice {
         fill_c_chars(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{}", info.name));
         SoftDevice {
             ibv,
+            index,
             transport: info.transport,
             info: Mutex::new(info),
         }
@@ -156,7 +159,6 @@ pub(crate) fn lookup(device: *const ibv_device) -> CResult<&'static SoftDevice> 
 c_fn! {
     /// `struct ibv_device **ibv_get_device_list(int *num_devices)`: a NULL-terminated array,
     /// allocated per call, freed with `ibv_free_device_list`.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
         ret_ptr(current_devices().map(|devs| {
             let count = c_int::try_from(devs.len()).unwrap_or(c_int::MAX);
@@ -170,7 +172,6 @@ c_fn! {
 
     /// `void ibv_free_device_list(struct ibv_device **list)`: frees the array only; the
     /// devices stay valid.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_free_device_list(list: *mut *mut ibv_device) {
         if list.is_null() {
             return;
@@ -186,14 +187,18 @@ c_fn! {
     }
 
     /// `const char *ibv_get_device_name(struct ibv_device *device)`.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
         ret_or(lookup(device).map(|d| d.ibv.name.as_ptr()), ptr::null())
     }
 
+    /// `int ibv_get_device_index(struct ibv_device *device)`: the device's index, stable for
+    /// the process (a kernel device's ifindex-like number), or -1 with errno.
+    fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+        ret_or(lookup(device).map(|d| c_int::try_from(d.index).unwrap_or(c_int::MAX)), -1)
+    }
+
     /// `__be64 ibv_get_device_guid(struct ibv_device *device)`: the node GUID in network byte
     /// order; 0 (with errno) for an unknown device.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
         ret_or(lookup(device).map(|d| d.info().node_guid().to_be()), 0)
     }

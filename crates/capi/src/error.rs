@@ -92,6 +92,36 @@ pub(crate) fn not_implemented(name: &'static str) -> CError {
     }
 }
 
+/// Prints `softrdma: FUNC: msg` under `SOFTRDMA_DEBUG` (for a call that succeeds but did
+/// less than asked).
+pub(crate) fn debug_note(msg: &str) {
+    if debug_enabled() {
+        let func = CURRENT.with(Cell::get);
+        stderr_line(format_args!("softrdma: {func}: {msg}"));
+    }
+}
+
+/// A direct-verbs call of `lib` (`libmlx5.so.1`, `libefa.so.1`) on a softrdma device, which is
+/// neither: sets `errno = EOPNOTSUPP` and returns EOPNOTSUPP, as the real provider answers for
+/// a foreign device. Quiet unless `SOFTRDMA_DEBUG` is set: programs probe these on purpose.
+pub(crate) fn not_this_device(name: &'static str, lib: &'static str) -> c_int {
+    fail(CError::unsupported(format!(
+        "{name}: not a device of {lib} (softrdma devices are rxe/siw-like)"
+    )))
+}
+
+/// A compat name of libibverbs' pre-2006 ABI, whose structures have other layouts: sets
+/// `errno = ENOSYS` and says so once per name and process.
+pub(crate) fn compat_abi_unsupported(name: &'static str) {
+    static SEEN: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    if SEEN.lock().unwrap_or_else(PoisonError::into_inner).insert(name) {
+        stderr_line(format_args!(
+            "softrdma: {name}@IBVERBS_1.0 is libibverbs' pre-2006 ABI, which softrdma does not serve (ENOSYS): rebuild the program against rdma-core"
+        ));
+    }
+    set_errno(libc::ENOSYS);
+}
+
 /// [`not_implemented`] for the exported function running on this thread.
 pub(crate) fn not_implemented_here() -> CError {
     not_implemented(CURRENT.with(Cell::get))
@@ -127,6 +157,12 @@ pub(crate) fn ret_or<T>(r: CResult<T>, on_error: T) -> T {
         fail(e);
         on_error
     })
+}
+
+/// For a `void` function's failure: stores the errno and prints the error under
+/// `SOFTRDMA_DEBUG` (or when loud).
+pub(crate) fn report(e: CError) {
+    fail(e);
 }
 
 /// Stores the errno, prints loud errors, and returns the errno value.
@@ -175,6 +211,13 @@ impl PanicValue for () {
     fn panic_value() -> Self {}
 }
 
+/// `bool` results (`mlx5dv_is_supported`): false.
+impl PanicValue for bool {
+    fn panic_value() -> Self {
+        false
+    }
+}
+
 impl PanicValue for i32 {
     fn panic_value() -> Self {
         -1
@@ -197,6 +240,13 @@ impl PanicValue for isize {
 impl PanicValue for usize {
     fn panic_value() -> Self {
         usize::MAX
+    }
+}
+
+/// `__be16` results (`rdma_get_src_port`): 0.
+impl PanicValue for u16 {
+    fn panic_value() -> Self {
+        0
     }
 }
 

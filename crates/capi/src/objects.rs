@@ -29,6 +29,7 @@ use crate::abi::{
     ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_global_route, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
     ibv_qp_cap, ibv_qp_ex, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr,
 };
+use crate::async_events::{self, Object};
 use crate::context::with_context;
 use crate::error::{non_null, ret_errno, ret_neg1, ret_or, ret_ptr, CError, CResult};
 
@@ -131,12 +132,18 @@ fn dealloc_pd(p: *mut ibv_pd) -> CResult<()> {
 /// `struct ibv_mr` plus the registration (deregistered when dropped).
 #[repr(C)]
 pub(crate) struct SoftMr {
-    c: ibv_mr,
-    mr: Mr,
+    pub(crate) c: ibv_mr,
+    pub(crate) mr: Mr,
 }
 c_object!(SoftMr, ibv_mr, "mr");
 
-fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> CResult<*mut ibv_mr> {
+pub(crate) fn reg_mr(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> CResult<*mut ibv_mr> {
     // SAFETY: `p` is a PD of this library (C contract).
     let pd = unsafe { SoftPd::from_c(p)? };
     if addr.is_null() && length > 0 {
@@ -227,13 +234,19 @@ pub(crate) fn destroy_comp_channel(p: *mut ibv_comp_channel) -> CResult<()> {
 /// `struct ibv_cq` plus the verbs CQ.
 #[repr(C)]
 pub(crate) struct SoftCq {
-    c: UnsafeCell<ibv_cq>,
+    pub(crate) c: UnsafeCell<ibv_cq>,
     pub(crate) cq: Cq,
     channel: *mut ibv_comp_channel,
 }
 c_object!(SoftCq, ibv_cq, "cq");
 
 impl SoftCq {
+    /// The context the CQ was created on (written once at creation).
+    pub(crate) fn context(&self) -> *mut ibv_context {
+        // SAFETY: a plain read of a field only written at creation.
+        unsafe { ptr::addr_of!((*self.c.get()).context).read() }
+    }
+
     /// True if the CQ reports to a completion channel.
     pub(crate) fn has_channel(&self) -> bool {
         !self.channel.is_null()
@@ -274,6 +287,7 @@ pub(crate) fn create_cq(
         ch.refcnt().fetch_add(1, Ordering::AcqRel);
         ch.cq_list().push((id, p as usize));
     }
+    async_events::register(Object::Cq(id), p.cast());
     Ok(p)
 }
 
@@ -281,7 +295,11 @@ pub(crate) fn create_cq(
 pub(crate) fn destroy_cq(p: *mut ibv_cq) -> CResult<()> {
     // SAFETY: `p` is a CQ of this library (C contract).
     let cq = unsafe { SoftCq::from_c(p)? };
+    let events = with_context(cq.context(), |c| Ok(c.verbs().async_events().clone()))?;
+    let id = cq.cq.inner().id();
+    async_events::before_destroy(&events, Object::Cq(id), p.cast())?;
     cq.cq.clone().destroy()?;
+    async_events::unregister(Object::Cq(id), p.cast());
     if !cq.channel.is_null() {
         // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses while refcnt > 0).
         let ch = unsafe { SoftCompChannel::from_c(cq.channel)? };
@@ -349,7 +367,7 @@ pub(crate) struct SoftSrq {
 }
 c_object!(SoftSrq, ibv_srq, "srq");
 
-fn create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> CResult<*mut ibv_srq> {
+pub(crate) fn create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> CResult<*mut ibv_srq> {
     // SAFETY: `p` is a PD of this library (C contract).
     let pd = unsafe { SoftPd::from_c(p)? };
     non_null(attr, "srq_init_attr")?;
@@ -373,18 +391,25 @@ fn create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> CResult<*mut ibv_
     c.handle = next_handle();
     c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
     c.cond = libc::PTHREAD_COND_INITIALIZER;
-    Ok(SoftSrq {
+    let id = srq.inner().id;
+    let p = SoftSrq {
         c: UnsafeCell::new(c),
         srq,
     }
-    .into_c())
+    .into_c();
+    async_events::register(Object::Srq(id), p.cast());
+    Ok(p)
 }
 
 /// Destroys an SRQ: EBUSY while a QP uses it.
 pub(crate) fn destroy_srq(p: *mut ibv_srq) -> CResult<()> {
     // SAFETY: `p` is an SRQ of this library (C contract).
     let srq = unsafe { SoftSrq::from_c(p)? };
+    let events = srq.srq.pd().context().async_events().clone();
+    let id = srq.srq.inner().id;
+    async_events::before_destroy(&events, Object::Srq(id), p.cast())?;
     srq.srq.clone().destroy()?;
+    async_events::unregister(Object::Srq(id), p.cast());
     // SAFETY: C gives the pointer up with this call.
     drop(unsafe { SoftSrq::from_c_owned(p) });
     Ok(())
@@ -545,7 +570,17 @@ pub(crate) fn wrap_qp(qp: Qp, pd: &SoftPd, attr: &mut ibv_qp_init_attr) -> *mut 
     }
     .into_c();
     live_qps().get_or_insert_with(HashSet::new).insert(p as usize);
+    // SAFETY: `p` was just created.
+    let qpn = unsafe { SoftQp::from_c(p) }.map(|q| q.qp.qpn()).unwrap_or(0);
+    async_events::register(Object::Qp(qpn), p.cast());
     p
+}
+
+/// The QP's async events: the queued ones are discarded; EBUSY if the application did not
+/// acknowledge the ones it took (see `async_events`).
+fn qp_events_done(qp: &SoftQp) -> CResult<()> {
+    let events = qp.qp.inner().pd.context().async_events().clone();
+    async_events::before_destroy(&events, Object::Qp(qp.qp.qpn()), qp.as_c().cast())
 }
 
 fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> CResult<*mut ibv_qp> {
@@ -571,6 +606,12 @@ pub(crate) unsafe fn free_qp(p: *mut ibv_qp) {
     if let Some(s) = live_qps().as_mut() {
         s.remove(&(p as usize));
     }
+    // SAFETY: per the contract, `p` is still a live QP here.
+    if let Ok(q) = unsafe { SoftQp::from_c(p) } {
+        // rdma_destroy_qp cannot fail: past the bounded wait, the QP goes anyway.
+        let _ = qp_events_done(q);
+        async_events::unregister(Object::Qp(q.qp.qpn()), p.cast());
+    }
     // SAFETY: per the contract.
     drop(unsafe { SoftQp::from_c_owned(p) });
 }
@@ -578,6 +619,7 @@ pub(crate) unsafe fn free_qp(p: *mut ibv_qp) {
 fn destroy_qp(p: *mut ibv_qp) -> CResult<()> {
     // SAFETY: `p` is a QP of this library (C contract).
     let qp = unsafe { SoftQp::from_c(p)? };
+    qp_events_done(qp)?;
     qp.qp.clone().destroy()?;
     // SAFETY: C gives the pointer up with this call.
     unsafe { free_qp(p) };
@@ -747,54 +789,46 @@ fn query_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, init_attr: *mut ibv_qp_init_
 
 c_fn! {
     /// `struct ibv_pd *ibv_alloc_pd(struct ibv_context *)`.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
         ret_ptr(alloc_pd(context))
     }
 
     /// `int ibv_dealloc_pd(struct ibv_pd *)`: 0 or errno (EBUSY while MRs, QPs or SRQs use it).
-    #[symver = "IBVERBS_1.1"]
     fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         ret_errno(dealloc_pd(pd))
     }
 
     /// `struct ibv_mr *ibv_reg_mr(struct ibv_pd *, void *addr, size_t length, int access)`:
     /// iova = addr.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
         ret_ptr(reg_mr(pd, addr, length, addr as u64, access as c_uint))
     }
 
     /// `struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *, void *addr, size_t length,
     /// uint64_t iova, unsigned int access)`: optional access bits are ignored.
-    #[symver = "IBVERBS_1.8"]
     fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
         ret_ptr(reg_mr(pd, addr, length, iova, access))
     }
 
     /// `int ibv_dereg_mr(struct ibv_mr *)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         ret_errno(dereg_mr(mr))
     }
 
     /// `struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *)`: `fd` is
     /// readable while CQ events wait.
-    #[symver = "IBVERBS_1.0"]
     fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
         ret_ptr(create_comp_channel(context))
     }
 
     /// `int ibv_destroy_comp_channel(struct ibv_comp_channel *)`: 0 or errno (EBUSY while a
     /// CQ uses it).
-    #[symver = "IBVERBS_1.0"]
     fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
         ret_errno(destroy_comp_channel(channel))
     }
 
     /// `struct ibv_cq *ibv_create_cq(struct ibv_context *, int cqe, void *cq_context,
     /// struct ibv_comp_channel *, int comp_vector)`: `comp_vector` is ignored (one vector).
-    #[symver = "IBVERBS_1.1"]
     fn ibv_create_cq(
         context: *mut ibv_context,
         cqe: c_int,
@@ -806,20 +840,17 @@ c_fn! {
     }
 
     /// `int ibv_destroy_cq(struct ibv_cq *)`: 0 or errno (EBUSY while a QP uses it).
-    #[symver = "IBVERBS_1.1"]
     fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         ret_errno(destroy_cq(cq))
     }
 
     /// `int ibv_get_cq_event(struct ibv_comp_channel *, struct ibv_cq **, void **)`: 0, or -1
     /// and errno (EAGAIN on a channel whose fd is O_NONBLOCK).
-    #[symver = "IBVERBS_1.1"]
     fn ibv_get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> c_int {
         ret_neg1(get_cq_event(channel, cq, cq_context))
     }
 
     /// `void ibv_ack_cq_events(struct ibv_cq *, unsigned int nevents)`.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
         ret_or(ack_cq_events(cq, nevents), ())
     }
@@ -828,20 +859,17 @@ c_fn! {
     /// granted sizes back into `qp_init_attr->cap`. An iWARP QP (RC only) connects only
     /// through the CM; a RoCE QP (RC, UC or UD) is made by the RoCE driver and is driven by
     /// `ibv_modify_qp` (RTR starts its engine).
-    #[symver = "IBVERBS_1.1"]
     fn ibv_create_qp(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
         ret_ptr(create_qp(pd, qp_init_attr))
     }
 
     /// `int ibv_modify_qp(struct ibv_qp *, struct ibv_qp_attr *, int attr_mask)`: 0 or errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> c_int {
         ret_errno(modify_qp(qp, attr, attr_mask))
     }
 
     /// `int ibv_query_qp(struct ibv_qp *, struct ibv_qp_attr *, int attr_mask,
     /// struct ibv_qp_init_attr *)`: fills every field (as providers do); 0 or errno.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_query_qp(
         qp: *mut ibv_qp,
         attr: *mut ibv_qp_attr,
@@ -852,7 +880,6 @@ c_fn! {
     }
 
     /// `int ibv_destroy_qp(struct ibv_qp *)`: 0 or errno. Closes the QP's connection.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         ret_errno(destroy_qp(qp))
     }
@@ -860,19 +887,16 @@ c_fn! {
     /// `struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *)`: NULL with EOPNOTSUPP. softrdma
     /// QPs have no extended work-request interface (`ibv_wr_*`); applications use
     /// `ibv_post_send` (rdma-core also returns NULL for a QP created without it).
-    #[symver = "IBVERBS_1.6"]
     fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
         ret_ptr(Err(CError::unsupported("QPs have no extended work-request interface (ibv_wr_*)")))
     }
 
     /// `struct ibv_srq *ibv_create_srq(struct ibv_pd *, struct ibv_srq_init_attr *)`.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_create_srq(pd: *mut ibv_pd, srq_init_attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
         ret_ptr(create_srq(pd, srq_init_attr))
     }
 
     /// `int ibv_destroy_srq(struct ibv_srq *)`: 0 or errno (EBUSY while a QP uses it).
-    #[symver = "IBVERBS_1.1"]
     fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         ret_errno(destroy_srq(srq))
     }

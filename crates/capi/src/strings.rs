@@ -1,4 +1,6 @@
-//! Constant strings: `ibv_wc_status_str` and `rdma_event_str`, with rdma-core 44's texts.
+//! Constant strings: `ibv_wc_status_str`, `ibv_event_type_str`, `ibv_node_type_str`,
+//! `ibv_port_state_str` and `rdma_event_str`, with rdma-core 44's texts (`tests/dropin.rs`
+//! compares them with Debian's libibverbs).
 
 use std::ffi::{c_char, c_int, CStr};
 
@@ -28,6 +30,52 @@ const WC_STATUS: [&CStr; 24] = [
     c"general error",
     c"TM error",
     c"TM software rendezvous",
+];
+
+/// `enum ibv_event_type` texts, indexed by value.
+const EVENT_TYPE: [&CStr; 20] = [
+    c"CQ error",
+    c"local work queue catastrophic error",
+    c"invalid request local work queue error",
+    c"local access violation work queue error",
+    c"communication established",
+    c"send queue drained",
+    c"path migrated",
+    c"path migration request error",
+    c"local catastrophic error",
+    c"port active",
+    c"port error",
+    c"LID change",
+    c"P_Key change",
+    c"SM change",
+    c"SRQ catastrophic error",
+    c"SRQ limit reached",
+    c"last WQE reached",
+    c"client reregistration",
+    c"GID table change",
+    c"WQ fatal",
+];
+
+/// `enum ibv_node_type` texts, indexed by value (0, `IBV_NODE_UNKNOWN`, has none).
+const NODE_TYPE: [&CStr; 8] = [
+    c"unknown",
+    c"InfiniBand channel adapter",
+    c"InfiniBand switch",
+    c"InfiniBand router",
+    c"iWARP NIC",
+    c"usNIC",
+    c"usNIC UDP",
+    c"unspecified",
+];
+
+/// `enum ibv_port_state` texts, indexed by value.
+const PORT_STATE: [&CStr; 6] = [
+    c"no state change (NOP)",
+    c"down",
+    c"init",
+    c"armed",
+    c"active",
+    c"active defer",
 ];
 
 /// `enum rdma_cm_event_type` names, indexed by value (`librdmacm/cma.c`).
@@ -61,14 +109,28 @@ fn lookup(table: &[&'static CStr], value: c_int, unknown: &'static CStr) -> *con
 
 c_fn! {
     /// `const char *ibv_wc_status_str(enum ibv_wc_status status)`; "unknown" out of range.
-    #[symver = "IBVERBS_1.1"]
     fn ibv_wc_status_str(status: c_int) -> *const c_char {
         lookup(&WC_STATUS, status, c"unknown")
     }
 
+    /// `const char *ibv_event_type_str(enum ibv_event_type event)`; "unknown" out of range.
+    fn ibv_event_type_str(event: c_int) -> *const c_char {
+        lookup(&EVENT_TYPE, event, c"unknown")
+    }
+
+    /// `const char *ibv_node_type_str(enum ibv_node_type node_type)`; "unknown" out of range.
+    fn ibv_node_type_str(node_type: c_int) -> *const c_char {
+        lookup(&NODE_TYPE, node_type, c"unknown")
+    }
+
+    /// `const char *ibv_port_state_str(enum ibv_port_state port_state)`; "unknown" out of
+    /// range.
+    fn ibv_port_state_str(port_state: c_int) -> *const c_char {
+        lookup(&PORT_STATE, port_state, c"unknown")
+    }
+
     /// `const char *rdma_event_str(enum rdma_cm_event_type event)`; "UNKNOWN EVENT" out of
     /// range.
-    #[symver = "RDMACM_1.0"]
     fn rdma_event_str(event: c_int) -> *const c_char {
         lookup(&CM_EVENT, event, c"UNKNOWN EVENT")
     }

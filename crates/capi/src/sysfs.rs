@@ -119,9 +119,28 @@ fn read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, si
 }
 
 c_fn! {
+    /// `const char *ibv_get_sysfs_path(void)`: where sysfs is mounted, as rdma-core answers
+    /// (`$SYSFS_PATH` without trailing slashes, else `/sys`). A softrdma device's files under
+    /// its `ibdev_path` are served by `ibv_read_sysfs_file`.
+    fn ibv_get_sysfs_path() -> *const c_char {
+        static PATH: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+        PATH.get_or_init(|| {
+            let env = std::env::var_os("SYSFS_PATH")
+                .map(|p| p.as_bytes().to_vec())
+                .map(|mut p| {
+                    while p.len() > 1 && p.ends_with(b"/") {
+                        p.pop();
+                    }
+                    p
+                })
+                .filter(|p| !p.is_empty());
+            std::ffi::CString::new(env.unwrap_or_else(|| b"/sys".to_vec())).unwrap_or_else(|_| c"/sys".to_owned())
+        })
+        .as_ptr()
+    }
+
     /// `int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size)`:
     /// the number of bytes read (without a trailing newline), or -1 and errno.
-    #[symver = "IBVERBS_1.0"]
     fn ibv_read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, size: usize) -> c_int {
         ret_neg1(read_sysfs_file(dir, file, buf, size))
     }

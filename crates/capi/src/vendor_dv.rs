@@ -21,14 +21,12 @@ fn not_efa() -> CError {
 
 c_fn! {
     /// `struct ibv_context *mlx5dv_open_device(struct ibv_device *, struct mlx5dv_context_attr *)`.
-    #[symver = "MLX5_1.7"]
     fn mlx5dv_open_device(_device: *mut ibv_device, _attr: *mut c_void) -> *mut ibv_context {
         ret_ptr(Err(not_mlx5()))
     }
 
     /// `int mlx5dv_devx_general_cmd(struct ibv_context *, const void *in, size_t inlen,
     /// void *out, size_t outlen)`.
-    #[symver = "MLX5_1.7"]
     fn mlx5dv_devx_general_cmd(
         _context: *mut ibv_context,
         _in: *const c_void,
@@ -41,7 +39,6 @@ c_fn! {
 
     /// `struct ibv_qp *mlx5dv_create_qp(struct ibv_context *, struct ibv_qp_init_attr_ex *,
     /// struct mlx5dv_qp_init_attr *)`.
-    #[symver = "MLX5_1.3"]
     fn mlx5dv_create_qp(
         _context: *mut ibv_context,
         _qp_attr: *mut ibv_qp_init_attr_ex,
@@ -51,45 +48,38 @@ c_fn! {
     }
 
     /// `struct mlx5dv_mkey *mlx5dv_create_mkey(struct mlx5dv_mkey_init_attr *)`.
-    #[symver = "MLX5_1.10"]
     fn mlx5dv_create_mkey(_mkey_init_attr: *mut c_void) -> *mut c_void {
         ret_ptr(Err(not_mlx5()))
     }
 
     /// `int mlx5dv_destroy_mkey(struct mlx5dv_mkey *)`.
-    #[symver = "MLX5_1.10"]
     fn mlx5dv_destroy_mkey(_mkey: *mut c_void) -> c_int {
         ret_errno(Err(not_mlx5()))
     }
 
     /// `struct mlx5dv_qp_ex *mlx5dv_qp_ex_from_ibv_qp_ex(struct ibv_qp_ex *)`: no softrdma QP
     /// is an mlx5 QP, so NULL (the real one is an unchecked cast).
-    #[symver = "MLX5_1.10"]
     fn mlx5dv_qp_ex_from_ibv_qp_ex(_qp: *mut ibv_qp_ex) -> *mut c_void {
         ret_ptr(Err(not_mlx5()))
     }
 
     /// `int mlx5dv_crypto_login(struct ibv_context *, struct mlx5dv_crypto_login_attr *)`.
-    #[symver = "MLX5_1.21"]
     fn mlx5dv_crypto_login(_context: *mut ibv_context, _login_attr: *mut c_void) -> c_int {
         ret_errno(Err(not_mlx5()))
     }
 
     /// `struct mlx5dv_dek *mlx5dv_dek_create(struct ibv_context *, struct mlx5dv_dek_init_attr *)`.
-    #[symver = "MLX5_1.21"]
     fn mlx5dv_dek_create(_context: *mut ibv_context, _init_attr: *mut c_void) -> *mut c_void {
         ret_ptr(Err(not_mlx5()))
     }
 
     /// `int mlx5dv_dek_destroy(struct mlx5dv_dek *)`.
-    #[symver = "MLX5_1.21"]
     fn mlx5dv_dek_destroy(_dek: *mut c_void) -> c_int {
         ret_errno(Err(not_mlx5()))
     }
 
     /// `struct ibv_qp *efadv_create_qp_ex(struct ibv_context *, struct ibv_qp_init_attr_ex *,
     /// struct efadv_qp_init_attr *, uint32_t inlen)`.
-    #[symver = "EFA_1.1"]
     fn efadv_create_qp_ex(
         _context: *mut ibv_context,
         _attr_ex: *mut ibv_qp_init_attr_ex,
@@ -100,7 +90,6 @@ c_fn! {
     }
 
     /// `int efadv_query_device(struct ibv_context *, struct efadv_device_attr *, uint32_t inlen)`.
-    #[symver = "EFA_1.1"]
     fn efadv_query_device(_context: *mut ibv_context, _attr: *mut c_void, _inlen: u32) -> c_int {
         ret_errno(Err(not_efa()))
     }

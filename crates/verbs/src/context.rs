@@ -1,5 +1,6 @@
 //! An opened device.
 
+use crate::async_event::AsyncEvents;
 use crate::channel::CompChannel;
 use crate::cq::Cq;
 use crate::device::DeviceInfo;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 struct ContextInner {
     device: DeviceInfo,
+    events: AsyncEvents,
 }
 
 /// An open device context (`ibv_context`). Cloning shares it.
@@ -22,13 +24,21 @@ impl Context {
     /// Opens a device.
     pub fn open(device: &DeviceInfo) -> Result<Context> {
         Ok(Context {
-            inner: Arc::new(ContextInner { device: device.clone() }),
+            inner: Arc::new(ContextInner {
+                device: device.clone(),
+                events: AsyncEvents::new()?,
+            }),
         })
     }
 
     /// Opens the device with this name (ENODEV names the ones that exist).
     pub fn open_by_name(name: &str) -> Result<Context> {
         Context::open(&crate::device::find_device(name)?)
+    }
+
+    /// The context's asynchronous events (`ibv_get_async_event`).
+    pub fn async_events(&self) -> &AsyncEvents {
+        &self.inner.events
     }
 
     /// The device this context was opened on.
@@ -93,6 +103,6 @@ impl Context {
     /// Creates a CQ with room for at least `cqe` entries, optionally tied to a channel.
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         let max = self.inner.device.attr().max_cqe.max(1) as u32;
-        Cq::new(cqe, max, channel.cloned())
+        Cq::new(cqe, max, channel.cloned(), Some(self.inner.events.clone()))
     }
 }

@@ -4,11 +4,12 @@
 //! with no syscall and no wakeup on its path. Arming (`req_notify`) makes the next qualifying
 //! completion post one event to the completion channel.
 
+use crate::async_event::{AsyncElement, AsyncEventKind, AsyncEvents};
 use crate::channel::CompChannel;
 use crate::wr::WorkCompletion;
 use crate::{bail, Result};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +30,11 @@ struct CqState {
 #[derive(Debug)]
 pub struct CqInner {
     id: u64,
-    capacity: usize,
+    /// Entries it holds (`ibv_resize_cq` changes it).
+    capacity: AtomicUsize,
     state: Mutex<CqState>,
+    /// The context's async events (the overflow reports `IBV_EVENT_CQ_ERR`).
+    events: Option<AsyncEvents>,
     channel: Option<CompChannel>,
     events_acked: AtomicU32,
     events_delivered: AtomicU32,
@@ -43,13 +47,13 @@ impl CqInner {
     pub fn push(self: &Arc<Self>, wc: WorkCompletion) -> bool {
         let notify = {
             let Ok(mut st) = self.state.lock() else { return false };
-            if st.entries.len() >= self.capacity {
+            let capacity = self.capacity.load(Ordering::Relaxed);
+            if st.entries.len() >= capacity {
                 if !st.overflowed {
-                    tracing::error!(
-                        cq = self.id,
-                        capacity = self.capacity,
-                        "CQ overflow: completion dropped"
-                    );
+                    tracing::error!(cq = self.id, capacity, "CQ overflow: completion dropped");
+                    if let Some(ev) = &self.events {
+                        ev.post(AsyncEventKind::CqErr, AsyncElement::Cq(self.id));
+                    }
                 }
                 st.overflowed = true;
                 return false;
@@ -87,7 +91,7 @@ pub struct Cq {
 }
 
 impl Cq {
-    pub(crate) fn new(cqe: u32, max: u32, channel: Option<CompChannel>) -> Result<Cq> {
+    pub(crate) fn new(cqe: u32, max: u32, channel: Option<CompChannel>, events: Option<AsyncEvents>) -> Result<Cq> {
         if cqe == 0 || cqe > max {
             bail!(Inval, "create_cq: {cqe} entries requested; the device allows 1..={max}");
         }
@@ -95,7 +99,8 @@ impl Cq {
         Ok(Cq {
             inner: Arc::new(CqInner {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
-                capacity: cqe as usize,
+                capacity: AtomicUsize::new(cqe as usize),
+                events,
                 state: Mutex::new(CqState {
                     entries: VecDeque::with_capacity(cqe.min(4096) as usize),
                     armed: Armed::No,
@@ -120,7 +125,27 @@ impl Cq {
 
     /// Capacity in entries.
     pub fn capacity(&self) -> usize {
-        self.inner.capacity
+        self.inner.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Changes the capacity (`ibv_resize_cq`) to at least `cqe` entries, up to the device's
+    /// `max`: EINVAL outside `1..=max` or below the completions queued now (as Linux rxe).
+    pub fn resize(&self, cqe: u32, max: u32) -> Result<()> {
+        if cqe == 0 || cqe > max {
+            bail!(Inval, "resize_cq: {cqe} entries requested; the device allows 1..={max}");
+        }
+        let Ok(st) = self.inner.state.lock() else {
+            bail!(Io, "resize_cq: CQ poisoned")
+        };
+        if (cqe as usize) < st.entries.len() {
+            bail!(
+                Inval,
+                "resize_cq: {cqe} entries cannot hold the {} completions queued now",
+                st.entries.len()
+            );
+        }
+        self.inner.capacity.store(cqe as usize, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Takes up to `out.len()` completions; returns how many (`ibv_poll_cq`).
@@ -253,7 +278,7 @@ mod tests {
     #[test]
     fn armed_cq_posts_one_event_to_a_pollable_channel() {
         let ch = CompChannel::new().unwrap();
-        let cq = Cq::new(4, 16, Some(ch.clone())).unwrap();
+        let cq = Cq::new(4, 16, Some(ch.clone()), None).unwrap();
         cq.inner().push(wc(1, false));
         assert!(!readable(ch.fd(), 0), "an unarmed CQ must not fire");
         assert_eq!(
@@ -278,7 +303,7 @@ mod tests {
     #[test]
     fn solicited_arming_waits_for_a_solicited_completion_and_overflow_is_reported() {
         let ch = CompChannel::new().unwrap();
-        let cq = Cq::new(2, 16, Some(ch.clone())).unwrap();
+        let cq = Cq::new(2, 16, Some(ch.clone()), None).unwrap();
         cq.req_notify(true).unwrap();
         cq.inner().push(wc(1, false));
         assert!(!readable(ch.fd(), 0));
@@ -286,9 +311,9 @@ mod tests {
         assert!(readable(ch.fd(), 1000));
         assert!(!cq.inner().push(wc(3, false)));
         assert!(cq.overflowed());
-        assert_eq!(Cq::new(0, 16, None).unwrap_err().errno, crate::Errno::Inval);
+        assert_eq!(Cq::new(0, 16, None, None).unwrap_err().errno, crate::Errno::Inval);
         assert_eq!(cq.req_notify(false).map_err(|e| e.errno), Ok(()));
-        let no_channel = Cq::new(1, 16, None).unwrap();
+        let no_channel = Cq::new(1, 16, None, None).unwrap();
         no_channel.req_notify(false).unwrap();
         assert!(no_channel.inner().push(wc(9, false)));
     }

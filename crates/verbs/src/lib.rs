@@ -7,6 +7,7 @@
 //! queues, the QP state machine, the memory-key table and the completion path.
 
 pub mod ah;
+pub mod async_event;
 pub mod channel;
 pub mod context;
 pub mod cq;
@@ -22,6 +23,7 @@ pub mod srq;
 pub mod wr;
 
 pub use ah::Ah;
+pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind, AsyncEvents};
 pub use channel::CompChannel;
 pub use context::Context;
 pub use cq::Cq;

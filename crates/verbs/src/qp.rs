@@ -3,6 +3,7 @@
 //! The application posts into the queues; a transport driver (attached when the QP connects)
 //! drains them on the progress thread and reports completions through the helpers here.
 
+use crate::async_event::{AsyncElement, AsyncEventKind};
 use crate::cq::Cq;
 use crate::memory::copy_from_user;
 use crate::mr::check_local;
@@ -307,9 +308,37 @@ impl QpInner {
     /// Moves to ERR and hands back the queued WQEs for the caller to flush in order.
     /// Idempotent: a second call returns empty queues.
     pub fn enter_error(&self) -> (Vec<SendWqe>, Vec<RecvWr>) {
-        let mut c = self.core();
-        c.state = QpState::Err;
-        (c.sq.drain(..).collect(), c.rq.drain(..).collect())
+        let (entered, queues) = {
+            let mut c = self.core();
+            let entered = c.state != QpState::Err;
+            c.state = QpState::Err;
+            (entered, (c.sq.drain(..).collect(), c.rq.drain(..).collect()))
+        };
+        if entered {
+            self.entered_error();
+        }
+        queues
+    }
+
+    /// The QP just entered ERR: one attached to an SRQ takes no more WQEs from it
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED`, as the IB spec and Linux rxe report it).
+    fn entered_error(&self) {
+        if self.srq.is_some() {
+            self.pd
+                .context()
+                .async_events()
+                .post(AsyncEventKind::QpLastWqeReached, AsyncElement::Qp(self.qpn));
+        }
+    }
+
+    /// The transport moved this QP to ERR because of an error (a retry count exceeded, a
+    /// NAK, a Terminate, a protocol or local error; not a disconnect or the application's
+    /// modify): `IBV_EVENT_QP_FATAL`.
+    pub fn report_fatal(&self) {
+        self.pd
+            .context()
+            .async_events()
+            .post(AsyncEventKind::QpFatal, AsyncElement::Qp(self.qpn));
     }
 
     /// Flushes queued WQEs with WR_FLUSH_ERR (every one gets a completion).
@@ -580,7 +609,15 @@ impl Qp {
             match driver {
                 // The driver flushes in-flight work first, then the queues, keeping order.
                 Some(d) => {
-                    self.inner.core().state = QpState::Err;
+                    let entered = {
+                        let mut c = self.inner.core();
+                        let entered = c.state != QpState::Err;
+                        c.state = QpState::Err;
+                        entered
+                    };
+                    if entered {
+                        self.inner.entered_error();
+                    }
                     d.kick();
                 }
                 None => self.inner.error_and_flush(),

@@ -1,10 +1,11 @@
 //! Shared receive queues.
 
+use crate::async_event::{AsyncElement, AsyncEventKind};
 use crate::pd::Pd;
 use crate::wr::{RecvWr, Sge};
 use crate::{bail, Result};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// SRQ sizes (`struct ibv_srq_attr`).
@@ -21,6 +22,8 @@ pub struct SrqAttr {
 /// Shared SRQ state.
 #[derive(Debug)]
 pub struct SrqInner {
+    /// Process-unique id (names the SRQ in async events).
+    pub id: u64,
     pd: Pd,
     attr: Mutex<SrqAttr>,
     queue: Mutex<VecDeque<RecvWr>>,
@@ -29,9 +32,28 @@ pub struct SrqInner {
 }
 
 impl SrqInner {
-    /// Takes the next receive WQE.
+    /// Takes the next receive WQE. An armed limit (`srq_limit` > 0) that the queue falls
+    /// below fires `IBV_EVENT_SRQ_LIMIT_REACHED` once and disarms.
     pub fn take(&self) -> Option<RecvWr> {
-        self.queue.lock().ok()?.pop_front()
+        let (wr, left) = {
+            let mut q = self.queue.lock().ok()?;
+            let wr = q.pop_front()?;
+            (wr, q.len())
+        };
+        let fired = self.attr.lock().is_ok_and(|mut a| {
+            let fire = a.srq_limit > 0 && (left as u32) < a.srq_limit;
+            if fire {
+                a.srq_limit = 0;
+            }
+            fire
+        });
+        if fired {
+            self.pd
+                .context()
+                .async_events()
+                .post(AsyncEventKind::SrqLimitReached, AsyncElement::Srq(self.id));
+        }
+        Some(wr)
     }
 }
 
@@ -61,9 +83,19 @@ impl Srq {
                 dev.max_srq_sge
             );
         }
+        if attr.srq_limit > attr.max_wr {
+            bail!(
+                Inval,
+                "create_srq: srq_limit {} exceeds max_wr {}",
+                attr.srq_limit,
+                attr.max_wr
+            );
+        }
         pd.inner().qp_count.fetch_add(1, Ordering::Relaxed);
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         Ok(Srq {
             inner: Arc::new(SrqInner {
+                id: NEXT.fetch_add(1, Ordering::Relaxed),
                 pd: pd.clone(),
                 attr: Mutex::new(attr),
                 queue: Mutex::new(VecDeque::new()),
@@ -127,15 +159,35 @@ impl Srq {
         self.inner.attr.lock().map(|a| *a).unwrap_or_default()
     }
 
-    /// Sets the limit (`IBV_SRQ_LIMIT`); resizing is not supported (EINVAL).
+    /// Sets the limit (`IBV_SRQ_LIMIT`, arming the limit event; 0 disarms).
     pub fn modify_limit(&self, limit: u32) -> Result<()> {
+        self.modify(None, Some(limit))
+    }
+
+    /// `ibv_modify_srq`: a new `max_wr` (`IBV_SRQ_MAX_WR`, as Linux rxe: at least the WRs
+    /// posted now and the limit, at most the device's `max_srq_wr`) and/or a new limit
+    /// (`IBV_SRQ_LIMIT`, at most `max_wr`).
+    pub fn modify(&self, max_wr: Option<u32>, limit: Option<u32>) -> Result<()> {
+        let dev_max = self.inner.pd.context().device().attr().max_srq_wr as u32;
+        let posted = self.len() as u32;
         let Ok(mut a) = self.inner.attr.lock() else {
             bail!(Io, "modify_srq: poisoned")
         };
-        if limit > a.max_wr {
-            bail!(Inval, "modify_srq: limit {limit} exceeds max_wr {}", a.max_wr);
+        let new_max = max_wr.unwrap_or(a.max_wr);
+        let new_limit = limit.unwrap_or(a.srq_limit);
+        if let Some(m) = max_wr {
+            if m == 0 || m > dev_max {
+                bail!(Inval, "modify_srq: max_wr {m} outside 1..={dev_max}");
+            }
+            if m < posted {
+                bail!(Inval, "modify_srq: max_wr {m} is below the {posted} WRs posted now");
+            }
         }
-        a.srq_limit = limit;
+        if new_limit > new_max {
+            bail!(Inval, "modify_srq: limit {new_limit} exceeds max_wr {new_max}");
+        }
+        a.max_wr = new_max;
+        a.srq_limit = new_limit;
         Ok(())
     }
 

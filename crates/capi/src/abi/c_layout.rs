@@ -16,6 +16,7 @@ fn all_layouts() -> Vec<TypeLayout> {
     all.extend(super::verbs::verbs_unions());
     all.extend(super::cma::cma_structs());
     all.extend(super::cma::cma_unions());
+    all.extend(super::kern::kern_structs());
     all
 }
 
@@ -26,7 +27,8 @@ fn c_field_name(rust: &str) -> &str {
 fn c_program(layouts: &[TypeLayout]) -> String {
     let mut c = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\
-         #include <infiniband/sa.h>\n#include <rdma/rdma_cma.h>\n\nint main(void)\n{\n",
+         #include <infiniband/sa.h>\n#include <rdma/rdma_cma.h>\n\
+         #include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n\nint main(void)\n{\n",
     );
     for t in layouts.iter().filter(|t| !t.c_type.is_empty()) {
         let ty = t.c_type;

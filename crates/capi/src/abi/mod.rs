@@ -15,6 +15,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod cma;
+pub mod kern;
 pub mod offsets;
 pub mod verbs;
 
@@ -22,6 +23,7 @@ pub mod verbs;
 mod c_layout;
 
 pub use cma::*;
+pub use kern::*;
 pub use verbs::*;
 
 /// One field as the layout test sees it.

@@ -554,6 +554,15 @@ c_struct! {
         pub events_completed: u32,
     }
 
+    /// `struct ibv_async_event`: `element` is the union of the `cq`, `qp`, `srq` and `wq`
+    /// pointers and the `int port_num`.
+    #[c = "struct ibv_async_event"]
+    pub struct ibv_async_event {
+        pub element: *mut c_void,
+        /// `enum ibv_event_type`.
+        pub event_type: u32,
+    }
+
     /// `struct ibv_srq_attr`.
     #[c = "struct ibv_srq_attr"]
     pub struct ibv_srq_attr {

@@ -536,7 +536,9 @@ impl TcpConn {
                     Ok(n) => {
                         engine.rx_commit(n);
                         budget = budget.saturating_sub(n);
-                        *last_rx = Some(Instant::now());
+                        let now = Instant::now();
+                        *last_rx = Some(now);
+                        super::note_rx(now);
                     }
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}

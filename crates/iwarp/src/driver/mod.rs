@@ -126,6 +126,45 @@ pub const FIN_GRACE: Duration = Duration::from_millis(20);
 /// Connections whose FIN is held by [`FIN_GRACE`] now.
 pub(crate) static FINS_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// When any connection of the process last received bytes, in nanoseconds after [`rx_epoch`]
+/// (0: never). A process that exits without disconnecting closes its sockets at once, so its
+/// destructor waits out [`FIN_GRACE`] after this (see [`wait_fin_grace_at_exit`]).
+static LAST_RX_NANOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn rx_epoch() -> std::time::Instant {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+/// Records that a connection received bytes now.
+pub(crate) fn note_rx(now: std::time::Instant) {
+    let nanos = now.saturating_duration_since(rx_epoch()).as_nanos().max(1);
+    LAST_RX_NANOS.store(
+        u64::try_from(nanos).unwrap_or(u64::MAX),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// At process exit: waits until every held FIN left ([`wait_held_fins`]) and until
+/// [`FIN_GRACE`] passed since any connection's last received bytes, so that the exit's implicit
+/// close of a connection the application never disconnected (perftest `-R` exits so after its
+/// last handshake) does not reach a Linux siw peer before it retired the WR that sent them.
+/// Waits at most `limit` in all.
+pub fn wait_fin_grace_at_exit(limit: Duration) {
+    let start = std::time::Instant::now();
+    wait_held_fins(limit);
+    let last = LAST_RX_NANOS.load(std::sync::atomic::Ordering::Relaxed);
+    if last == 0 {
+        return;
+    }
+    let until = rx_epoch() + Duration::from_nanos(last) + FIN_GRACE;
+    let until = until.min(start + limit);
+    let now = std::time::Instant::now();
+    if until > now {
+        std::thread::sleep(until - now);
+    }
+}
+
 /// Waits (at most `limit`) until no connection holds its FIN: the process's exit would close
 /// the sockets at once (the library's destructor calls this).
 pub fn wait_held_fins(limit: Duration) {

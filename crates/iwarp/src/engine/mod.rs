@@ -280,7 +280,12 @@ impl Engine {
         reason: String,
     ) {
         let qp = self.qp.clone();
+        let running = self.phase == Phase::Running;
         let (sends, recvs) = qp.enter_error();
+        if running && status != softrdma_verbs::WcStatus::WrFlushErr {
+            // An error, not the end of the stream (a disconnect flushes, as in Linux siw).
+            qp.report_fatal();
+        }
         self.inflight.fail(target, status, vendor_err, &qp);
         self.orq.clear();
         self.irq.clear();

@@ -354,6 +354,9 @@ impl RcEngine {
             tracing::debug!(qpn = self.qp.qpn, error = %e, "RC QP to error state");
         }
         self.req.flush(&self.qp);
+        if !matches!(e, RcError::Flushed) && !self.flushed {
+            self.qp.report_fatal();
+        }
         let (sends, recvs) = self.qp.enter_error();
         let mut all_recvs: Vec<_> = self.resp.abort(keep).into_iter().collect();
         all_recvs.extend(recvs);

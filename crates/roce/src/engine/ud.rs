@@ -272,6 +272,10 @@ impl UdEngine {
     }
 
     fn fail(&mut self) {
+        if !self.flushed && self.qp.state() != QpState::Err {
+            // An error completion moved the QP to ERR (not the application's modify).
+            self.qp.report_fatal();
+        }
         let (sends, recvs) = self.qp.enter_error();
         self.qp.flush(sends, recvs);
         self.flushed = true;
