@@ -530,3 +530,15 @@ fn render_stubs(t: &Table, hand_written: &BTreeSet<String>) -> Result<String, St
     s.push_str("#[allow(dead_code)]\nconst _USES: (Option<c_int>, Option<*const c_void>) = (None, None);\n");
     Ok(s)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The checked-in tables are what the installed rdma-core gives (CI installs it; a
+    /// machine without it fails here saying what to install).
+    #[test]
+    fn the_checked_in_tables_match_the_installed_rdma_core() {
+        if let Err(e) = super::run(&["--check".to_owned()]) {
+            panic!("{e}");
+        }
+    }
+}

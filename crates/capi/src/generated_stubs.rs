@@ -3,7 +3,8 @@
 //! does where the feature cannot apply:
 //! - `libmlx5.so.1` / `libefa.so.1` direct verbs not in `vendor_dv.rs`: a softrdma device
 //!   is neither, so each fails as the real provider does for a foreign device (NULL or the
-//!   value EOPNOTSUPP, with `errno = EOPNOTSUPP`; `false`; nothing for `void`).
+//!   value EOPNOTSUPP, with `errno = EOPNOTSUPP`; `false` from a `bool` probe such as
+//!   `mlx5dv_is_supported`; nothing for `void`).
 //! - the compat names of libibverbs' pre-2006 ABI (`IBVERBS_1.0`, and `ibv_register_driver`
 //!   of the old provider interface): their structures have other layouts, so each fails with
 //!   `errno = ENOSYS` and says so once. Binaries built since 2006 bind the default versions.
@@ -91,7 +92,9 @@ extern "C" fn efadv_create_driver_qp() -> *mut c_void {
 /// `int efadv_query_ah(...)`: not this device.
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn efadv_query_ah() -> c_int {
-    crate::error::guard("efadv_query_ah", || not_this_device("efadv_query_ah", "libefa.so.1"))
+    crate::error::guard("efadv_query_ah", || {
+        not_this_device("efadv_query_ah", "libefa.so.1")
+    })
 }
 #[cfg(not(test))]
 ::core::arch::global_asm!(
@@ -1982,7 +1985,9 @@ extern "C" fn mlx5dv_get_vfio_device_list() -> *mut c_void {
 /// `int mlx5dv_init_obj(...)`: not this device.
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn mlx5dv_init_obj() -> c_int {
-    crate::error::guard("mlx5dv_init_obj", || not_this_device("mlx5dv_init_obj", "libmlx5.so.1"))
+    crate::error::guard("mlx5dv_init_obj", || {
+        not_this_device("mlx5dv_init_obj", "libmlx5.so.1")
+    })
 }
 #[cfg(not(test))]
 ::core::arch::global_asm!(
@@ -1996,7 +2001,6 @@ extern "C" fn mlx5dv_init_obj() -> c_int {
 #[cfg_attr(test, allow(dead_code))]
 extern "C" fn mlx5dv_is_supported() -> bool {
     crate::error::guard("mlx5dv_is_supported", || {
-        not_this_device("mlx5dv_is_supported", "libmlx5.so.1");
         false
     })
 }

@@ -73,6 +73,7 @@ mod datapath;
 mod device;
 mod error;
 mod fork;
+#[rustfmt::skip]
 mod generated_stubs;
 mod kernel_only;
 mod l2_resolve;
