@@ -503,7 +503,11 @@ fn qp_type_from_c(v: u32) -> CResult<QpType> {
         2 => Ok(QpType::Rc),
         3 => Ok(QpType::Uc),
         4 => Ok(QpType::Ud),
-        other => Err(CError::inval(format!("create_qp: QP type {other} is not supported"))),
+        // RAW_PACKET, XRC_SEND, XRC_RECV, DRIVER: what Linux rxe answers for a type it lacks.
+        8..=10 | 0xff => Err(CError::unsupported(format!(
+            "create_qp: QP type {v} (raw packet, XRC or driver) is not supported (RC, UC and UD are)"
+        ))),
+        other => Err(CError::inval(format!("create_qp: QP type {other} is not a QP type"))),
     }
 }
 
@@ -828,14 +832,20 @@ c_fn! {
     }
 
     /// `struct ibv_cq *ibv_create_cq(struct ibv_context *, int cqe, void *cq_context,
-    /// struct ibv_comp_channel *, int comp_vector)`: `comp_vector` is ignored (one vector).
+    /// struct ibv_comp_channel *, int comp_vector)`: the context has one completion vector,
+    /// so `comp_vector` must be 0 (EINVAL otherwise, as the kernel answers).
     fn ibv_create_cq(
         context: *mut ibv_context,
         cqe: c_int,
         cq_context: *mut c_void,
         channel: *mut ibv_comp_channel,
-        _comp_vector: c_int,
+        comp_vector: c_int,
     ) -> *mut ibv_cq {
+        if comp_vector != 0 {
+            return ret_ptr(Err(CError::inval(format!(
+                "create_cq: comp_vector {comp_vector} does not exist (num_comp_vectors is 1)"
+            ))));
+        }
         ret_ptr(create_cq(context, cqe, cq_context, channel))
     }
 

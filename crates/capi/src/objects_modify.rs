@@ -2,11 +2,12 @@
 //! `ibv_modify_srq`, plus `ibv_reg_mr_iova` and `ibv_query_qp_data_in_order`.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::ptr;
 
 use crate::abi::{ibv_cq, ibv_mr, ibv_pd, ibv_qp, ibv_srq, ibv_srq_attr};
 use crate::context::with_context;
 use crate::error::{non_null, ret_errno, ret_ptr, CError, CResult};
+use softrdma_verbs::Access;
+
 use crate::objects::{reg_mr, SoftCq, SoftMr, SoftPd, SoftQp, SoftSrq};
 
 /// `enum ibv_rereg_mr_flags`.
@@ -22,9 +23,9 @@ const IBV_REREG_MR_ERR_CMD: c_int = -4;
 const IBV_SRQ_MAX_WR: c_int = 1;
 const IBV_SRQ_LIMIT: c_int = 2;
 
-/// Re-registers `p` with a new translation, PD and/or access, as one step: the new
-/// registration is made first, so a failure leaves the old one intact (rdma-core's
-/// `IBV_REREG_MR_ERR_CMD`). The keys change, as they may with a kernel driver.
+/// Re-registers `p` in place with a new translation, PD and/or access, keeping its keys (as
+/// Linux rxe does; a peer that holds the rkey keeps using it). A failure leaves the old
+/// registration intact (rdma-core's `IBV_REREG_MR_ERR_CMD`).
 fn rereg_mr(
     p: *mut ibv_mr,
     flags: c_int,
@@ -41,45 +42,36 @@ fn rereg_mr(
     }
     // SAFETY: `p` is an MR of this library (C contract).
     let soft = unsafe { SoftMr::from_c(p) }.map_err(input)?;
-    let old = &soft.c;
-    let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
-        // SAFETY: a PD of this library (C contract).
-        unsafe { SoftPd::from_c(pd) }.map_err(input)?;
-        pd
-    } else {
-        old.pd
-    };
-    let (new_addr, new_len) = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+    let move_pd = flags & IBV_REREG_MR_CHANGE_PD != 0;
+    let target_pd = if move_pd { pd } else { soft.c.pd };
+    // SAFETY: a PD of this library (C contract).
+    let target = unsafe { SoftPd::from_c(target_pd) }.map_err(input)?;
+    let translation = if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
         if addr.is_null() || length == 0 {
             return Err(input(CError::inval(
                 "rereg_mr: CHANGE_TRANSLATION needs an address and a length",
             )));
         }
-        (addr, length)
+        Some((addr.cast::<u8>(), length, addr as u64))
     } else {
-        (old.addr, old.length)
+        None
     };
-    let new_access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
-        access as c_uint
-    } else {
-        soft.mr.access().0
-    };
-    let fresh =
-        reg_mr(new_pd, new_addr, new_len, new_addr as u64, new_access).map_err(|e| (IBV_REREG_MR_ERR_CMD, e))?;
-    // SAFETY: `fresh` was just made by reg_mr and is not shared; `p` is the caller's MR,
-    // which the C contract forbids using concurrently with its re-registration.
+    let new_access =
+        (flags & IBV_REREG_MR_CHANGE_ACCESS != 0).then(|| Access(access as c_uint & !Access::OPTIONAL_MASK));
+    let mr = p.cast::<SoftMr>();
+    // SAFETY: `mr` is the caller's MR, which the C contract forbids using concurrently with
+    // its re-registration; a new range stays valid until deregistration (ibv_rereg_mr's
+    // contract).
     unsafe {
-        let fresh = SoftMr::from_c_owned(fresh);
-        let SoftMr { c, mr } = *fresh;
-        let target = p.cast::<SoftMr>();
-        let retired = ptr::replace(ptr::addr_of_mut!((*target).mr), mr);
-        // Keep the C header's identity (context, handle) and the new translation and keys.
-        (*target).c.pd = c.pd;
-        (*target).c.addr = c.addr;
-        (*target).c.length = c.length;
-        (*target).c.lkey = c.lkey;
-        (*target).c.rkey = c.rkey;
-        let _ = retired.dereg();
+        target
+            .pd
+            .rereg_mr_raw(&mut (*mr).mr, move_pd, translation, new_access)
+            .map_err(|e| (IBV_REREG_MR_ERR_CMD, CError::from(e)))?;
+        (*mr).c.pd = target_pd;
+        if let Some((a, len, _)) = translation {
+            (*mr).c.addr = a.cast();
+            (*mr).c.length = len;
+        }
     }
     Ok(())
 }

@@ -128,6 +128,14 @@ impl Cq {
         self.inner.capacity.load(Ordering::Relaxed)
     }
 
+    /// Removes the completions of QP `qpn` (its move to RESET: as hardware providers clean
+    /// their CQs then, so a QP reused after an error does not find its old flushes).
+    pub fn purge_qp(&self, qpn: u32) {
+        if let Ok(mut st) = self.inner.state.lock() {
+            st.entries.retain(|wc| wc.qp_num != qpn);
+        }
+    }
+
     /// Changes the capacity (`ibv_resize_cq`) to at least `cqe` entries, up to the device's
     /// `max`: EINVAL outside `1..=max` or below the completions queued now (as Linux rxe).
     pub fn resize(&self, cqe: u32, max: u32) -> Result<()> {

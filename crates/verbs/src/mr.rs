@@ -25,8 +25,8 @@ pub struct MrInner {
     pub iova: u64,
     /// Access rights.
     pub access: Access,
-    /// The memory.
-    pub region: MemRegion,
+    /// The memory (shared by a re-registration that keeps the translation).
+    pub region: Arc<MemRegion>,
     /// Cleared by SEND_WITH_INV: the rkey then refuses remote access.
     pub remote_valid: AtomicBool,
 }
@@ -183,7 +183,7 @@ impl Mr {
             pd_id: pd.id(),
             iova,
             access,
-            region,
+            region: Arc::new(region),
             remote_valid: AtomicBool::new(true),
         });
         t.by_key.insert(key, inner.clone());
@@ -195,6 +195,62 @@ impl Mr {
             pd: pd.inner().clone(),
             registered: true,
         })
+    }
+
+    /// Re-registers in place (`ibv_rereg_mr`), keeping the keys, as Linux rxe does: a new
+    /// PD, a new translation (`region` at `iova`) and/or new access rights. The key table
+    /// switches to the new registration at once; on error nothing changed.
+    pub fn rereg(
+        &mut self,
+        pd: Option<&Pd>,
+        translation: Option<(MemRegion, u64)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        if !self.registered {
+            bail!(Inval, "rereg_mr: the MR is deregistered");
+        }
+        let access = access.unwrap_or(self.inner.access);
+        if access.0 & !Access::KNOWN_MASK != 0 {
+            bail!(
+                Inval,
+                "rereg_mr: unknown access flags {:#x}",
+                access.0 & !Access::KNOWN_MASK
+            );
+        }
+        let needs_local_write = access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if needs_local_write && !access.contains(Access::LOCAL_WRITE) {
+            bail!(
+                Inval,
+                "rereg_mr: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (access {access})"
+            );
+        }
+        let (region, iova) = match translation {
+            Some((r, iova)) => (Arc::new(r), iova),
+            None => (self.inner.region.clone(), self.inner.iova),
+        };
+        let new_pd = pd.map(|p| p.inner().clone()).unwrap_or_else(|| self.pd.clone());
+        let inner = Arc::new(MrInner {
+            lkey: self.inner.lkey,
+            rkey: self.inner.rkey,
+            pd_id: new_pd.id,
+            iova,
+            access,
+            region,
+            remote_valid: AtomicBool::new(true),
+        });
+        let mut t = table()
+            .write()
+            .map_err(|_| Error::new(Errno::Io, "rereg_mr: key table poisoned"))?;
+        t.by_key.insert(inner.lkey, inner.clone());
+        drop(t);
+        if !Arc::ptr_eq(&new_pd, &self.pd) {
+            new_pd.mr_count.fetch_add(1, Ordering::Relaxed);
+            self.pd.mr_count.fetch_sub(1, Ordering::Relaxed);
+            self.pd = new_pd;
+        }
+        tracing::debug!(lkey = format_args!("{:#x}", inner.lkey), len = inner.region.len(), %access, "rereg_mr");
+        self.inner = inner;
+        Ok(())
     }
 
     /// Local key.

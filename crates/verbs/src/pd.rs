@@ -66,6 +66,23 @@ impl Pd {
         Mr::register(self, region, iova, access)
     }
 
+    /// Re-registers `mr` in place (see [`Mr::rereg`]): into this PD if `move_here`, onto
+    /// `addr..addr+len` at `iova` if given, with `access` if given.
+    ///
+    /// # Safety
+    /// A new range must satisfy [`Pd::reg_mr_raw`]'s contract.
+    pub unsafe fn rereg_mr_raw(
+        &self,
+        mr: &mut Mr,
+        move_here: bool,
+        translation: Option<(*mut u8, usize, u64)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller's contract.
+        let translation = translation.map(|(addr, len, iova)| (unsafe { MemRegion::from_raw(addr, len) }, iova));
+        mr.rereg(move_here.then_some(self), translation, access)
+    }
+
     /// Allocates a zeroed buffer of `len` bytes owned by the MR and registers it.
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<Mr> {
         let region = MemRegion::allocate(len);

@@ -393,7 +393,7 @@ impl Qp {
         let max_sge = dev.max_sge as u32;
         if init.qp_type != QpType::Rc && rules == AttrRules::Iwarp {
             bail!(
-                Inval,
+                OpNotSupp,
                 "create_qp: iWARP devices support only RC QPs (got {:?})",
                 init.qp_type
             );
@@ -586,6 +586,8 @@ impl Qp {
                     c.rq.clear();
                     c.sq_outstanding = 0;
                     c.driver = None;
+                    self.inner.send_cq.purge_qp(qpn);
+                    self.inner.recv_cq.purge_qp(qpn);
                 }
                 QpState::Err => {}
                 _ => {}
