@@ -57,7 +57,7 @@ fn rereg_mr(
         None
     };
     let new_access =
-        (flags & IBV_REREG_MR_CHANGE_ACCESS != 0).then(|| Access(access as c_uint & !Access::OPTIONAL_MASK));
+        (flags & IBV_REREG_MR_CHANGE_ACCESS != 0).then_some(Access(access as c_uint & !Access::OPTIONAL_MASK));
     let mr = p.cast::<SoftMr>();
     // SAFETY: `mr` is the caller's MR, which the C contract forbids using concurrently with
     // its re-registration; a new range stays valid until deregistration (ibv_rereg_mr's
