@@ -70,13 +70,27 @@ pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> 
     let mut vctx = verbs_context::zeroed();
     vctx.query_port = Some(vctx_query_port);
     vctx.query_device_ex = Some(vctx_query_device_ex);
+    vctx.create_qp_ex = Some(crate::qp_ex::vctx_create_qp_ex);
+    vctx.create_cq_ex = Some(crate::cq_ex::vctx_create_cq_ex);
     vctx.sz = size_of::<verbs_context>();
     let c = &mut vctx.context;
     c.device = dev.as_ptr();
     c.ops = context_ops();
-    // No kernel command fd exists; -1 is never a valid fd. `async_fd` is the eventfd of the
-    // context's async events (pollable; the application may set O_NONBLOCK on it).
-    c.cmd_fd = -1;
+    // No kernel command channel exists: `cmd_fd` is /dev/null, a valid descriptor that
+    // programs may dup or poll (pyverbs' shared-PD tests dup it before ibv_import_device,
+    // which then answers EOPNOTSUPP). `async_fd` is the eventfd of the context's async
+    // events (pollable; the application may set O_NONBLOCK on it).
+    let cmd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| {
+            CError::new(
+                libc::EMFILE,
+                format!("open_device: cannot open /dev/null for cmd_fd: {e}"),
+            )
+        })?;
+    c.cmd_fd = std::os::fd::IntoRawFd::into_raw_fd(cmd);
     c.async_fd = verbs.async_events().fd();
     c.num_comp_vectors = 1;
     c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
@@ -98,7 +112,13 @@ fn close_device(ctx: *mut ibv_context) -> CResult<c_int> {
     open.swap_remove(pos);
     // SAFETY: `ctx` was registered by open_device, so it lies IBV_CONTEXT_OFFSET bytes into a
     // Box<SoftContext>; it is now unregistered, so this is the only free.
-    drop(unsafe { Box::from_raw(ctx.cast::<u8>().sub(IBV_CONTEXT_OFFSET).cast::<SoftContext>()) });
+    let soft = unsafe { Box::from_raw(ctx.cast::<u8>().sub(IBV_CONTEXT_OFFSET).cast::<SoftContext>()) };
+    let cmd_fd = soft.vctx.context.cmd_fd;
+    if cmd_fd >= 0 {
+        // SAFETY: open_device opened this descriptor for the context; nothing else owns it.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cmd_fd) });
+    }
+    drop(soft);
     Ok(0)
 }
 

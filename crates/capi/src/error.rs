@@ -243,6 +243,19 @@ impl PanicValue for usize {
     }
 }
 
+/// `uint8_t` / `uint32_t` getters (`ibv_wc_read_sl`, `ibv_wc_read_opcode`): 0.
+impl PanicValue for u8 {
+    fn panic_value() -> Self {
+        0
+    }
+}
+
+impl PanicValue for u32 {
+    fn panic_value() -> Self {
+        0
+    }
+}
+
 /// `__be16` results (`rdma_get_src_port`): 0.
 impl PanicValue for u16 {
     fn panic_value() -> Self {

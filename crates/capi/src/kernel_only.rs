@@ -2,7 +2,7 @@
 //! Linux rxe/siw, which lack them too:
 //! - sharing a context's objects through its kernel command fd (`ibv_import_device`,
 //!   `ibv_import_pd`/`_mr`/`_dm` and their `unimport`): a softrdma context has no such fd
-//!   (`cmd_fd` is -1), so nothing can be imported: NULL with `errno = EOPNOTSUPP`;
+//!   (its `cmd_fd` is /dev/null), so nothing can be imported: NULL with `errno = EOPNOTSUPP`;
 //! - dma-buf registration (`ibv_reg_dmabuf_mr`): no device memory exists, EOPNOTSUPP;
 //! - Enhanced Connection Establishment (`ibv_query_ece`, `ibv_set_ece`): neither rxe nor
 //!   siw implements it, so the kernel answers EOPNOTSUPP.
@@ -15,7 +15,7 @@ use crate::objects::SoftQp;
 
 fn no_cmd_fd<T>(what: &str) -> CResult<*mut T> {
     Err(CError::unsupported(format!(
-        "{what}: softrdma contexts have no kernel command fd to share objects through (cmd_fd is -1)"
+        "{what}: softrdma contexts have no kernel command channel to share objects through (cmd_fd is /dev/null)"
     )))
 }
 

@@ -26,8 +26,8 @@ use softrdma_verbs::qp_state::{attr_mask, AttrRules};
 use softrdma_verbs::{Access, CompChannel, Cq, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, Srq, SrqAttr};
 
 use crate::abi::{
-    ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_global_route, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
-    ibv_qp_cap, ibv_qp_ex, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr,
+    ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_cq_ex, ibv_gid, ibv_global_route, ibv_mr, ibv_pd, ibv_qp,
+    ibv_qp_attr, ibv_qp_cap, ibv_qp_ex, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr,
 };
 use crate::async_events::{self, Object};
 use crate::context::with_context;
@@ -234,11 +234,21 @@ pub(crate) fn destroy_comp_channel(p: *mut ibv_comp_channel) -> CResult<()> {
 /// `struct ibv_cq` plus the verbs CQ.
 #[repr(C)]
 pub(crate) struct SoftCq {
-    pub(crate) c: UnsafeCell<ibv_cq>,
+    /// An `ibv_cq_ex` for every CQ (it starts with the fields of an `ibv_cq`); its polling
+    /// slots are set only for a CQ made by `ibv_create_cq_ex`.
+    pub(crate) c: UnsafeCell<ibv_cq_ex>,
     pub(crate) cq: Cq,
     channel: *mut ibv_comp_channel,
+    /// The extended CQ's polling state (`ibv_start_poll` .. `ibv_end_poll`).
+    pub(crate) ex: Option<crate::cq_ex::PollState>,
 }
 c_object!(SoftCq, ibv_cq, "cq");
+const _: () = assert!(
+    offset_of!(ibv_cq_ex, async_events_completed) == offset_of!(ibv_cq, async_events_completed)
+        && offset_of!(ibv_cq_ex, cqe) == offset_of!(ibv_cq, cqe)
+        && offset_of!(ibv_cq_ex, cond) == offset_of!(ibv_cq, cond),
+    "an ibv_cq_ex starts with an ibv_cq's fields"
+);
 
 impl SoftCq {
     /// The context the CQ was created on (written once at creation).
@@ -260,6 +270,17 @@ pub(crate) fn create_cq(
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
 ) -> CResult<*mut ibv_cq> {
+    create_cq_with(ctx, cqe, cq_context, channel, None)
+}
+
+/// [`create_cq`] with the extended polling interface when `ex` is given.
+pub(crate) fn create_cq_with(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    ex: Option<crate::cq_ex::PollState>,
+) -> CResult<*mut ibv_cq> {
     let cqe = u32::try_from(cqe).map_err(|_| CError::inval(format!("create_cq: cqe {cqe} is negative")))?;
     let soft_ch = if channel.is_null() {
         None
@@ -268,7 +289,10 @@ pub(crate) fn create_cq(
         Some(unsafe { SoftCompChannel::from_c(channel)? })
     };
     let cq = with_context(ctx, |c| Ok(c.verbs().create_cq(cqe, soft_ch.map(|s| &s.ch))?))?;
-    let mut c = ibv_cq::zeroed();
+    let mut c = ibv_cq_ex::zeroed();
+    if ex.is_some() {
+        crate::cq_ex::fill_ops(&mut c);
+    }
     c.context = ctx;
     c.channel = channel;
     c.cq_context = cq_context;
@@ -281,6 +305,7 @@ pub(crate) fn create_cq(
         c: UnsafeCell::new(c),
         cq,
         channel,
+        ex,
     }
     .into_c();
     if let Some(ch) = soft_ch {
@@ -422,8 +447,12 @@ pub(crate) fn destroy_srq(p: *mut ibv_srq) -> CResult<()> {
 /// create, modify, query and on connection events (see [`refresh_qp_state`]).
 #[repr(C)]
 pub(crate) struct SoftQp {
-    c: UnsafeCell<ibv_qp>,
+    /// An `ibv_qp_ex` for every QP (it starts with the `ibv_qp`); its `wr_*` slots are set
+    /// only for a QP created with `send_ops_flags` (`ibv_qp_to_qp_ex` then returns it).
+    c: UnsafeCell<ibv_qp_ex>,
     pub(crate) qp: Qp,
+    /// The `ibv_wr_*` state of an extended QP.
+    pub(crate) ex: Option<crate::qp_ex::WrBatch>,
 }
 c_object!(SoftQp, ibv_qp, "qp");
 
@@ -439,7 +468,7 @@ impl SoftQp {
     fn state_cell(&self) -> &AtomicU32 {
         // SAFETY: `state` is a live, aligned u32 inside our UnsafeCell; after creation it is
         // only written through this atomic view.
-        unsafe { AtomicU32::from_ptr(ptr::addr_of_mut!((*self.c.get()).state)) }
+        unsafe { AtomicU32::from_ptr(ptr::addr_of_mut!((*self.c.get()).qp_base.state)) }
     }
 
     /// Copies the verbs QP's state into the C header.
@@ -455,11 +484,11 @@ impl SoftQp {
         // the header is formed, since `state` may be written concurrently).
         unsafe {
             (
-                ptr::addr_of!((*c).qp_context).read(),
-                ptr::addr_of!((*c).send_cq).read(),
-                ptr::addr_of!((*c).recv_cq).read(),
-                ptr::addr_of!((*c).srq).read(),
-                ptr::addr_of!((*c).qp_type).read(),
+                ptr::addr_of!((*c).qp_base.qp_context).read(),
+                ptr::addr_of!((*c).qp_base.send_cq).read(),
+                ptr::addr_of!((*c).qp_base.recv_cq).read(),
+                ptr::addr_of!((*c).qp_base.srq).read(),
+                ptr::addr_of!((*c).qp_base.qp_type).read(),
             )
         }
     }
@@ -553,9 +582,20 @@ pub(crate) fn qp_init_from_c(a: &ibv_qp_init_attr) -> CResult<QpInitAttr> {
 
 /// Wraps a created verbs QP for C and writes the granted sizes back into `attr`.
 pub(crate) fn wrap_qp(qp: Qp, pd: &SoftPd, attr: &mut ibv_qp_init_attr) -> *mut ibv_qp {
+    wrap_qp_ex(qp, pd, attr, None)
+}
+
+/// [`wrap_qp`] with the `ibv_wr_*` interface when `ex` is given (an extended QP).
+pub(crate) fn wrap_qp_ex(
+    qp: Qp,
+    pd: &SoftPd,
+    attr: &mut ibv_qp_init_attr,
+    ex: Option<crate::qp_ex::WrBatch>,
+) -> *mut ibv_qp {
     let granted = qp.inner().cap;
     attr.cap = cap_to_c(&granted);
-    let mut c = ibv_qp::zeroed();
+    let mut x = ibv_qp_ex::zeroed();
+    let c = &mut x.qp_base;
     c.context = pd.context();
     c.qp_context = attr.qp_context;
     c.pd = pd.as_c();
@@ -568,9 +608,13 @@ pub(crate) fn wrap_qp(qp: Qp, pd: &SoftPd, attr: &mut ibv_qp_init_attr) -> *mut 
     c.qp_type = attr.qp_type;
     c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
     c.cond = libc::PTHREAD_COND_INITIALIZER;
+    if ex.is_some() {
+        crate::qp_ex::fill_ops(&mut x);
+    }
     let p = SoftQp {
-        c: UnsafeCell::new(c),
+        c: UnsafeCell::new(x),
         qp,
+        ex,
     }
     .into_c();
     live_qps().get_or_insert_with(HashSet::new).insert(p as usize);
@@ -588,18 +632,26 @@ fn qp_events_done(qp: &SoftQp) -> CResult<()> {
 }
 
 fn create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> CResult<*mut ibv_qp> {
-    // SAFETY: `p` is a PD of this library (C contract).
-    let pd = unsafe { SoftPd::from_c(p)? };
     non_null(attr, "qp_init_attr")?;
     // SAFETY: non-NULL; the caller's struct ibv_qp_init_attr (in/out).
-    let attr = unsafe { &mut *attr };
+    create_qp_on_pd(p, unsafe { &mut *attr }, None)
+}
+
+/// Creates a QP on PD `p` (with the `ibv_wr_*` interface if `ex` is given).
+pub(crate) fn create_qp_on_pd(
+    p: *mut ibv_pd,
+    attr: &mut ibv_qp_init_attr,
+    ex: Option<crate::qp_ex::WrBatch>,
+) -> CResult<*mut ibv_qp> {
+    // SAFETY: `p` is a PD of this library (C contract).
+    let pd = unsafe { SoftPd::from_c(p)? };
     let init = qp_init_from_c(attr)?;
     let qp = match pd.pd.context().device().transport {
         TransportKind::Iwarp => Qp::new(&pd.pd, init, AttrRules::Iwarp)?,
         // The RoCE driver owns the QP number space and starts the QP's engine at RTR.
         TransportKind::Roce => softrdma_roce::driver::create_qp(&pd.pd, init)?,
     };
-    Ok(wrap_qp(qp, pd, attr))
+    Ok(wrap_qp_ex(qp, pd, attr, ex))
 }
 
 /// Frees the C object of a QP whose verbs QP is already destroyed (or owned elsewhere).
@@ -895,10 +947,14 @@ c_fn! {
     }
 
     /// `struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *)`: NULL with EOPNOTSUPP. softrdma
-    /// QPs have no extended work-request interface (`ibv_wr_*`); applications use
-    /// `ibv_post_send` (rdma-core also returns NULL for a QP created without it).
-    fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-        ret_ptr(Err(CError::unsupported("QPs have no extended work-request interface (ibv_wr_*)")))
+    /// `struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)`: the extended QP, or NULL for a
+    /// QP created without `send_ops_flags` (as rdma-core).
+    fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+        // SAFETY: `qp` is a QP of this library (C contract).
+        ret_ptr(unsafe { SoftQp::from_c(qp) }.and_then(|q| match q.ex {
+            Some(_) => Ok(q.c.get()),
+            None => Err(CError::inval("the QP was created without send_ops_flags: it has no ibv_wr_* interface")),
+        }))
     }
 
     /// `struct ibv_srq *ibv_create_srq(struct ibv_pd *, struct ibv_srq_init_attr *)`.
