@@ -19,10 +19,18 @@
 //!   of a UD send WR, which is checked against the live AHs).
 //! - `cm`, `addrinfo`: librdmacm over `softrdma-cm` (event channels, ids, events,
 //!   `rdma_create_ep`/`rdma_get_request`, `rdma_getaddrinfo`, `rpoll`).
-//! - `vendor_dv`: `mlx5dv_*` / `efadv_*`, which fail with EOPNOTSUPP as the real providers do
-//!   for a device that is not theirs.
-//! - `unimplemented_abi`: every other imported symbol (rsockets), failing with
-//!   ENOSYS until a later slice implements it.
+//! - `objects_modify`, `qp_ex`, `cq_ex`: `ibv_rereg_mr`, `ibv_resize_cq`, SRQ query/modify;
+//!   extended QPs (`ibv_wr_*`) and CQs (`ibv_start_poll` ...).
+//! - `async_events`: `ibv_get_async_event` / `ibv_ack_async_event` over the context's queue.
+//! - `cm_helpers`: the smaller librdmacm calls (device list, ports, SRQs on ids, ECE, notify).
+//! - `fork`, `rates`, `marshall`, `l2_resolve`: fork support, rate and kernel-ABI helpers,
+//!   `ibv_resolve_eth_l2_from_gid`.
+//! - `kernel_only`: what needs a kernel object (import, dma-buf, ECE on QPs): EOPNOTSUPP as
+//!   over rxe/siw.
+//! - `vendor_dv`: the `mlx5dv_*` / `efadv_*` calls perftest uses; `generated_stubs` (from
+//!   `cargo xtask abi`): every other vendor call ("not this device") and the pre-2006 compat
+//!   names.
+//! - `unimplemented_abi`: rsockets, failing with ENOSYS until a later slice implements them.
 //!
 //! Every exported function is declared with [`c_fn!`], which wraps its body in
 //! [`error::guard`] (no panic crosses `extern "C"`) and gives it its real symbol versions

@@ -498,6 +498,14 @@ fn c_program_on_the_roce_device() {
 }
 
 #[test]
+fn async_events_reach_async_fd() {
+    // SRQ_LIMIT_REACHED, QP_LAST_WQE_REACHED, QP_FATAL (retries exhausted), CQ_ERR, EAGAIN on
+    // a non-blocking async_fd, and destroy waiting for acknowledgements (tests/c/async_events.c).
+    let r = c_program_with("async_events", RXE_LO);
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
+}
+
+#[test]
 fn c_program_connects_through_the_cm() {
     let r = c_program("cm_smoke");
     assert!(r.stderr.is_empty(), "{}", r.describe());

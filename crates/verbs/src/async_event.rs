@@ -1,12 +1,12 @@
 //! Asynchronous events of a device context (`ibv_get_async_event`): QP, CQ, SRQ, port and
-//! device events, queued in memory behind an eventfd that is readable while events are
+//! device events, queued in memory behind an eventfd (made on first use) that is readable while events are
 //! pending, so `poll`/`epoll` on it work and a reader honours the fd's O_NONBLOCK flag (the
 //! same scheme as completion channels).
 
 use crate::{Errno, Error, Result};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// `enum ibv_event_type`, with its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +81,9 @@ pub struct AsyncEvents {
 
 #[derive(Debug)]
 struct Inner {
-    fd: OwnedFd,
+    /// Made on first use ([`AsyncEvents::fd`]): a context nobody asks for events (the Rust
+    /// API's per-connection contexts) holds no descriptor.
+    fd: OnceLock<OwnedFd>,
     queue: Mutex<VecDeque<AsyncEvent>>,
 }
 
@@ -90,29 +92,48 @@ struct Inner {
 const MAX_QUEUED: usize = 4096;
 
 impl AsyncEvents {
-    /// A new, empty queue with its eventfd.
+    /// A new, empty queue (its eventfd is made when first asked for).
     pub fn new() -> Result<AsyncEvents> {
-        // SAFETY: plain eventfd creation; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::os(
-                "open_device: async event eventfd",
-                &std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(AsyncEvents {
             inner: Arc::new(Inner {
-                fd,
+                fd: OnceLock::new(),
                 queue: Mutex::new(VecDeque::new()),
             }),
         })
     }
 
-    /// The fd to poll for readability (`ibv_context.async_fd`).
-    pub fn fd(&self) -> RawFd {
-        self.inner.fd.as_raw_fd()
+    /// The fd to poll for readability (`ibv_context.async_fd`), made on the first call
+    /// (readable at once if events are queued).
+    pub fn fd(&self) -> Result<RawFd> {
+        if let Some(fd) = self.inner.fd.get() {
+            return Ok(fd.as_raw_fd());
+        }
+        let q = self
+            .inner
+            .queue
+            .lock()
+            .map_err(|_| Error::new(Errno::Io, "async events: queue poisoned"))?;
+        if let Some(fd) = self.inner.fd.get() {
+            return Ok(fd.as_raw_fd());
+        }
+        // SAFETY: plain eventfd creation; the result is checked.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::os("async events: eventfd", &std::io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a fresh descriptor we own. Creators hold the queue lock, so the
+        // cell is still empty and `set` succeeds.
+        let _ = self.inner.fd.set(unsafe { OwnedFd::from_raw_fd(raw) });
+        if !q.is_empty() {
+            Self::signal(raw);
+        }
+        Ok(raw)
+    }
+
+    fn signal(fd: RawFd) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
+        unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
     }
 
     /// Queues an event and makes the fd readable.
@@ -124,9 +145,9 @@ impl AsyncEvents {
         }
         tracing::debug!(?kind, ?element, "async event");
         q.push_back(AsyncEvent { kind, element });
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
-        unsafe { libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8) };
+        if let Some(fd) = self.inner.fd.get() {
+            Self::signal(fd.as_raw_fd());
+        }
     }
 
     /// Drops the queued events that `pred` selects (their object is being destroyed: the
@@ -140,16 +161,18 @@ impl AsyncEvents {
     }
 
     fn drain_fd(&self) {
+        let Some(fd) = self.inner.fd.get() else { return };
+        let fd = fd.as_raw_fd();
         let mut v: u64 = 0;
         let mut pfd = libc::pollfd {
-            fd: self.fd(),
+            fd,
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: polling one valid pollfd with a zero timeout.
         if unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
             // SAFETY: reading 8 bytes into a valid u64 from our eventfd, which is readable.
-            unsafe { libc::read(self.fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+            unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
         }
     }
 
@@ -169,13 +192,14 @@ impl AsyncEvents {
             if let Some(e) = self.try_pop() {
                 return Ok(e);
             }
+            let fd = self.fd()?;
             // SAFETY: F_GETFL on our own fd.
-            let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
             if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
                 return Err(Error::new(Errno::Again, "get_async_event: no event pending"));
             }
             let mut pfd = libc::pollfd {
-                fd: self.fd(),
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -213,16 +237,21 @@ mod tests {
     #[test]
     fn the_fd_is_readable_exactly_while_events_are_queued() {
         let ev = AsyncEvents::new().unwrap();
-        assert!(!readable(ev.fd()));
+        ev.post(AsyncEventKind::CqErr, AsyncElement::Cq(1));
+        // The fd is made on first use, readable at once for the event queued before.
+        let fd = ev.fd().unwrap();
+        assert!(readable(fd));
+        assert_eq!(ev.get().unwrap().element, AsyncElement::Cq(1));
+        assert!(!readable(fd));
         ev.post(AsyncEventKind::QpFatal, AsyncElement::Qp(7));
         ev.post(AsyncEventKind::SrqLimitReached, AsyncElement::Srq(3));
-        assert!(readable(ev.fd()));
+        assert!(readable(fd));
         assert_eq!(ev.get().unwrap().element, AsyncElement::Qp(7));
-        assert!(readable(ev.fd()));
+        assert!(readable(fd));
         assert_eq!(ev.get().unwrap().kind, AsyncEventKind::SrqLimitReached);
-        assert!(!readable(ev.fd()));
+        assert!(!readable(fd));
         // SAFETY: F_SETFL on our own fd.
-        unsafe { libc::fcntl(ev.fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) };
         assert_eq!(ev.get().unwrap_err().errno, Errno::Again);
     }
 
@@ -232,6 +261,6 @@ mod tests {
         ev.post(AsyncEventKind::QpFatal, AsyncElement::Qp(7));
         ev.discard(|e| e.element == AsyncElement::Qp(7));
         assert_eq!(ev.pending(), 0);
-        assert!(!readable(ev.fd()));
+        assert!(!readable(ev.fd().unwrap()));
     }
 }

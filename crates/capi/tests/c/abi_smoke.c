@@ -233,8 +233,9 @@ static void verbs_objects(struct ibv_context *ctx)
 	struct ibv_qp_init_attr ud = init;
 	ud.qp_type = IBV_QPT_UD;
 	errno = 0;
-	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EINVAL, "a UD QP on iWARP: NULL/EINVAL");
-	CHECK(ibv_qp_to_qp_ex(qp) == NULL && errno == EOPNOTSUPP, "ibv_qp_to_qp_ex: NULL/EOPNOTSUPP");
+	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EOPNOTSUPP, "a UD QP on iWARP: NULL/EOPNOTSUPP (as siw)");
+	CHECK(ibv_qp_to_qp_ex(qp) == NULL && errno == EINVAL,
+	      "ibv_qp_to_qp_ex of a QP made without send_ops_flags: NULL/EINVAL");
 
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 				    .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
