@@ -875,6 +875,7 @@ impl World {
         let foreign = check_remote(
             self.keys[SLOT_FOREIGN as usize],
             self.other_pd.id(),
+            0,
             iova(SLOT_FOREIGN),
             1,
             Access::REMOTE_WRITE,

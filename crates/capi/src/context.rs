@@ -91,7 +91,7 @@ pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> 
             )
         })?;
     c.cmd_fd = std::os::fd::IntoRawFd::into_raw_fd(cmd);
-    c.async_fd = verbs.async_events().fd()?;
+    c.async_fd = verbs.async_fd()?;
     c.num_comp_vectors = 1;
     c.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
     c.abi_compat = VERBS_ABI_IS_EXTENDED;

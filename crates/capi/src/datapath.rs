@@ -19,8 +19,8 @@ use crate::error::{ret_errno, write_out, CError, CResult};
 use crate::objects::{SoftCq, SoftQp, SoftSrq};
 
 /// The `ibv_context.ops` table of every context: the data-path slots point at the callbacks
-/// below; memory windows are unsupported (NULL, which the inline functions report as
-/// EOPNOTSUPP); the `_compat_*` slots are unused by current binaries.
+/// below, the memory-window slots at `mw`; the `_compat_*` slots are unused by current
+/// binaries.
 pub(crate) fn context_ops() -> ibv_context_ops {
     let mut ops = ibv_context_ops::zeroed();
     ops.poll_cq = Some(ibv_poll_cq);
@@ -28,6 +28,9 @@ pub(crate) fn context_ops() -> ibv_context_ops {
     ops.post_srq_recv = Some(ibv_post_srq_recv);
     ops.post_send = Some(ibv_post_send);
     ops.post_recv = Some(ibv_post_recv);
+    ops.alloc_mw = Some(crate::mw::ctx_alloc_mw);
+    ops.dealloc_mw = Some(crate::mw::ctx_dealloc_mw);
+    ops.bind_mw = Some(crate::mw::ctx_bind_mw);
     ops
 }
 
@@ -152,8 +155,15 @@ unsafe fn send_wr_from_c(wr: *const ibv_send_wr, qp: &SoftQp) -> CResult<SendWr>
     match op {
         // SAFETY: these opcodes carry `imm_data` (big-endian, passed through unchanged).
         Some(WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithImm) => out.imm_data = unsafe { (*wr).imm_data },
-        // SAFETY: SEND_WITH_INV carries `invalidate_rkey` in the same union (host order).
-        Some(WrOpcode::SendWithInv) => out.invalidate_rkey = unsafe { (*wr).imm_data },
+        // SAFETY: SEND_WITH_INV and LOCAL_INV carry `invalidate_rkey` in the same union
+        // (host order).
+        Some(WrOpcode::SendWithInv | WrOpcode::LocalInv) => out.invalidate_rkey = unsafe { (*wr).imm_data },
+        Some(WrOpcode::BindMw) => {
+            // SAFETY: BIND_MW uses the `bind_mw` member of the trailing union.
+            let b = unsafe { (*wr).bind_mw.bind_mw };
+            // SAFETY: the WR names a window and an MR of this library (C contract).
+            out.bind = Some(unsafe { crate::mw::send_wr_bind(b.mw, b.rkey, &b.bind_info)? });
+        }
         _ => {}
     }
     Ok(out)

@@ -22,6 +22,7 @@
 //! - `objects_modify`, `qp_ex`, `cq_ex`: `ibv_rereg_mr`, `ibv_resize_cq`, SRQ query/modify;
 //!   extended QPs (`ibv_wr_*`) and CQs (`ibv_start_poll` ...).
 //! - `async_events`: `ibv_get_async_event` / `ibv_ack_async_event` over the context's queue.
+//! - `mw`: memory windows (`ibv_alloc_mw`, `ibv_bind_mw`, the BIND_MW work request).
 //! - `cm_helpers`: the smaller librdmacm calls (device list, ports, SRQs on ids, ECE, notify).
 //! - `fork`, `rates`, `marshall`, `l2_resolve`: fork support, rate and kernel-ABI helpers,
 //!   `ibv_resolve_eth_l2_from_gid`.
@@ -87,6 +88,7 @@ mod generated_stubs;
 mod kernel_only;
 mod l2_resolve;
 mod marshall;
+mod mw;
 mod objects;
 mod objects_modify;
 mod qp_ex;

@@ -166,8 +166,16 @@ pub(crate) fn reg_mr(
 }
 
 fn dereg_mr(p: *mut ibv_mr) -> CResult<()> {
-    non_null(p, "mr")?;
-    // SAFETY: `p` is an MR of this library (C contract); C gives it up with this call.
+    // SAFETY: `p` is an MR of this library (C contract).
+    let soft = unsafe { SoftMr::from_c(p)? };
+    let bound = soft.mr.inner().mw_binds.load(Ordering::Acquire);
+    if bound > 0 {
+        return Err(CError::new(
+            libc::EBUSY,
+            format!("dereg_mr: {bound} memory window(s) are bound to the MR; invalidate or free them first"),
+        ));
+    }
+    // SAFETY: C gives the pointer up with this call.
     let mr = unsafe { SoftMr::from_c_owned(p) };
     mr.mr.dereg()?;
     Ok(())

@@ -39,6 +39,8 @@ const WITH_SEND_WITH_IMM: u64 = 1 << 3;
 const WITH_RDMA_READ: u64 = 1 << 4;
 const WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
 const WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+const WITH_LOCAL_INV: u64 = 1 << 7;
+const WITH_BIND_MW: u64 = 1 << 8;
 const WITH_SEND_WITH_INV: u64 = 1 << 9;
 
 /// The send operations a QP of this transport and type can post.
@@ -54,9 +56,11 @@ fn supported_ops(transport: TransportKind, qp_type: QpType) -> u64 {
                 | WITH_ATOMIC_CMP_AND_SWP
                 | WITH_ATOMIC_FETCH_AND_ADD
                 | WITH_SEND_WITH_INV
+                | WITH_LOCAL_INV
+                | WITH_BIND_MW
         }
         (TransportKind::Roce, QpType::Uc) => {
-            WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM
+            WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM | WITH_LOCAL_INV | WITH_BIND_MW
         }
         (TransportKind::Roce, _) => WITH_SEND | WITH_SEND_WITH_IMM,
     }
@@ -72,7 +76,8 @@ fn op_flag(op: WrOpcode) -> u64 {
         WrOpcode::AtomicCmpAndSwp => WITH_ATOMIC_CMP_AND_SWP,
         WrOpcode::AtomicFetchAndAdd => WITH_ATOMIC_FETCH_AND_ADD,
         WrOpcode::SendWithInv => WITH_SEND_WITH_INV,
-        WrOpcode::LocalInv | WrOpcode::BindMw => 0,
+        WrOpcode::LocalInv => WITH_LOCAL_INV,
+        WrOpcode::BindMw => WITH_BIND_MW,
     }
 }
 
@@ -409,16 +414,31 @@ c_fn! {
         }
     }
 
-    /// `ibv_wr_local_inv`: memory windows and fast-registration keys do not exist here.
-    fn wr_local_inv(qp: *mut ibv_qp_ex, _invalidate_rkey: u32) {
+    /// `ibv_wr_local_inv(qp, invalidate_rkey)`: invalidates a type-2 memory window.
+    fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
         // SAFETY: called through this QP's header.
-        unsafe { unsupported(qp, "ibv_wr_local_inv") }
+        unsafe { begin(qp, WrOpcode::LocalInv, |w| w.invalidate_rkey = invalidate_rkey) }
     }
 
-    /// `ibv_wr_bind_mw`.
-    fn wr_bind_mw(qp: *mut ibv_qp_ex, _mw: *mut ibv_mw, _rkey: u32, _info: *const ibv_mw_bind_info) {
-        // SAFETY: called through this QP's header.
-        unsafe { unsupported(qp, "ibv_wr_bind_mw (memory windows)") }
+    /// `ibv_wr_bind_mw(qp, mw, rkey, bind_info)`: binds a type-2 memory window.
+    fn wr_bind_mw(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
+        let bind = if info.is_null() {
+            Err(CError::inval("ibv_wr_bind_mw: bind_info is NULL"))
+        } else {
+            // SAFETY: `info` is the caller's struct; `mw` and `info.mr` are objects of this
+            // library (C contract).
+            unsafe { crate::mw::send_wr_bind(mw, rkey, &*info) }
+        };
+        match bind {
+            // SAFETY: called through this QP's header.
+            Ok(b) => unsafe { begin(qp, WrOpcode::BindMw, |w| w.bind = Some(b)) },
+            Err(e) => {
+                // SAFETY: called through this QP's header.
+                if let Some((_, batch)) = unsafe { batch(qp) } {
+                    batch.lock().error.get_or_insert(e);
+                }
+            }
+        }
     }
 
     /// `ibv_wr_send_tso`.

@@ -477,6 +477,34 @@ fn link_down_then_up_under_ib_write_bw() {
     tool_ok(&h, "ib_write_bw", &["-s", "65536", "-n", "200"]);
 }
 
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+fn port_events_follow_the_link() {
+    // tests/c/port_events.c, inside host a: its device's netdev down, then up; PORT_ERR and
+    // PORT_ACTIVE through async_fd, and ibv_query_port following.
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("p") else { return };
+    let exe = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("port_events");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/port_events.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let build = common::run(
+        std::process::Command::new(&cc)
+            .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .arg(common::dropin_dir().join("libibverbs.so.1")),
+    );
+    assert_eq!(build.code, Some(0), "compiling {}: {}", src.display(), build.describe());
+    let mut cmd = h.cmd(&h.a, &exe, &[&h.dev_a(), &h.veth_a]);
+    cmd.env("SOFTRDMA_TRANSPORTS", "roce");
+    let r = Proc::start(&mut cmd).wait(Duration::from_secs(30));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert!(r.stdout.contains("PASSED: 0 failure(s)"), "{}", r.describe());
+}
+
 // ---------------------------------------------------------------- Rust peers
 
 /// Sizes of one round of the data test: an RDMA WRITE, then a SEND (8-byte round number +

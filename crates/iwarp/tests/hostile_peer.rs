@@ -1200,6 +1200,7 @@ fn each_attack_gets_its_documented_outcome_while_honest_traffic_flows() {
         mr::check_remote(
             v.foreign.rkey(),
             v.other_pd_id,
+            0,
             v.foreign.addr(),
             1,
             Access::REMOTE_WRITE

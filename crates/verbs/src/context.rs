@@ -5,6 +5,7 @@ use crate::channel::CompChannel;
 use crate::cq::Cq;
 use crate::device::DeviceInfo;
 use crate::pd::Pd;
+use crate::port_watch::LivePort;
 use crate::Result;
 use std::sync::Arc;
 
@@ -12,6 +13,8 @@ use std::sync::Arc;
 struct ContextInner {
     device: DeviceInfo,
     events: AsyncEvents,
+    /// Port 1's state, followed by the port watcher once the async events are in use.
+    port: Arc<LivePort>,
 }
 
 /// An open device context (`ibv_context`). Cloning shares it.
@@ -27,6 +30,7 @@ impl Context {
             inner: Arc::new(ContextInner {
                 device: device.clone(),
                 events: AsyncEvents::new()?,
+                port: Arc::new(LivePort::new(device.port_state)),
             }),
         })
     }
@@ -41,6 +45,14 @@ impl Context {
         &self.inner.events
     }
 
+    /// The async events' fd (`ibv_context.async_fd`). From now on the port follows its
+    /// netdev's link: `query_port` reports it and PORT_ERR / PORT_ACTIVE are posted.
+    pub fn async_fd(&self) -> Result<std::os::fd::RawFd> {
+        let fd = self.inner.events.fd()?;
+        crate::port_watch::watch(&self.inner.device.netdev, &self.inner.port, &self.inner.events);
+        Ok(fd)
+    }
+
     /// The device this context was opened on.
     pub fn device(&self) -> &DeviceInfo {
         &self.inner.device
@@ -51,7 +63,8 @@ impl Context {
         self.inner.device.attr()
     }
 
-    /// Port attributes (`ibv_query_port`); the device has port 1 only.
+    /// Port attributes (`ibv_query_port`); the device has port 1 only. The state is the
+    /// port's live one (see [`Context::async_fd`]), the device's at open time otherwise.
     pub fn query_port(&self, port: u8) -> Result<crate::device::PortAttr> {
         if port != 1 {
             crate::bail!(
@@ -60,7 +73,13 @@ impl Context {
                 self.inner.device.name
             );
         }
-        Ok(self.inner.device.port_attr())
+        let live = self.inner.port.state();
+        if live == self.inner.device.port_state {
+            return Ok(self.inner.device.port_attr());
+        }
+        let mut d = self.inner.device.clone();
+        d.port_state = live;
+        Ok(d.port_attr())
     }
 
     /// GID table entry (`ibv_query_gid`). An index inside the table (`gid_tbl_len`) whose

@@ -29,6 +29,14 @@ pub struct MrInner {
     pub region: Arc<MemRegion>,
     /// Cleared by SEND_WITH_INV: the rkey then refuses remote access.
     pub remote_valid: AtomicBool,
+    /// A memory window's entry: the bound range `[start, end)` inside its MR.
+    pub window: Option<(u64, u64)>,
+    /// A type-2 window: the only QP (by number) it may be used through.
+    pub bound_qpn: Option<u32>,
+    /// A memory window's MR.
+    pub parent: Option<Arc<MrInner>>,
+    /// Windows bound to this MR now (its deregistration waits for none: EBUSY).
+    pub mw_binds: AtomicU32,
 }
 
 /// Why a key check failed. Maps onto iWARP Terminate codes and IB NAKs.
@@ -61,6 +69,12 @@ impl MrInner {
         if !self.access.contains(need) {
             return Err(KeyError::Rights);
         }
+        if let Some((start, end)) = self.window {
+            let last = addr.checked_add(len).ok_or(KeyError::Bounds)?;
+            if addr < start || last > end {
+                return Err(KeyError::Bounds);
+            }
+        }
         let off = addr.checked_sub(self.iova).ok_or(KeyError::Bounds)?;
         let end = off.checked_add(len).ok_or(KeyError::Bounds)?;
         if end > self.region.len() as u64 {
@@ -73,6 +87,8 @@ impl MrInner {
 #[derive(Default)]
 struct KeyTable {
     by_key: HashMap<u32, Arc<MrInner>>,
+    /// Key indices (upper 24 bits) of allocated memory windows, bound or not.
+    mw_indices: std::collections::HashSet<u32>,
 }
 
 fn table() -> &'static RwLock<KeyTable> {
@@ -98,7 +114,7 @@ fn new_key(t: &KeyTable) -> u32 {
     loop {
         let gen = GEN.fetch_add(1, Ordering::Relaxed) & 0xff;
         let key = (random_u32() & 0xffff_ff00) | gen;
-        if key != 0 && !t.by_key.contains_key(&key) {
+        if key != 0 && !t.by_key.contains_key(&key) && !t.mw_indices.contains(&(key & 0xffff_ff00)) {
             return key;
         }
     }
@@ -110,10 +126,12 @@ pub fn lookup_key(key: u32) -> std::result::Result<Arc<MrInner>, KeyError> {
     t.by_key.get(&key).cloned().ok_or(KeyError::InvalidKey)
 }
 
-/// Full remote-access check: key, PD, rights, bounds. Returns the MR and the offset.
+/// Full remote-access check of a request arriving at QP `qpn`: key, PD, rights, bounds (and,
+/// for a type-2 memory window, that it is bound to that QP). Returns the MR and the offset.
 pub fn check_remote(
     rkey: u32,
     pd_id: u64,
+    qpn: u32,
     addr: u64,
     len: u64,
     need: Access,
@@ -124,6 +142,9 @@ pub fn check_remote(
     }
     if mr.pd_id != pd_id {
         return Err(KeyError::WrongPd);
+    }
+    if mr.bound_qpn.is_some_and(|q| q != qpn) {
+        return Err(KeyError::InvalidKey);
     }
     let off = mr.check_range(addr, len, need)?;
     Ok((mr, off))
@@ -138,7 +159,7 @@ pub fn check_local(
     write: bool,
 ) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
     let mr = lookup_key(lkey)?;
-    if mr.lkey != lkey {
+    if mr.lkey != lkey || mr.window.is_some() {
         return Err(KeyError::InvalidKey);
     }
     if mr.pd_id != pd_id {
@@ -185,6 +206,10 @@ impl Mr {
             access,
             region: Arc::new(region),
             remote_valid: AtomicBool::new(true),
+            window: None,
+            bound_qpn: None,
+            parent: None,
+            mw_binds: AtomicU32::new(0),
         });
         t.by_key.insert(key, inner.clone());
         drop(t);
@@ -237,7 +262,17 @@ impl Mr {
             access,
             region,
             remote_valid: AtomicBool::new(true),
+            window: None,
+            bound_qpn: None,
+            parent: None,
+            mw_binds: AtomicU32::new(0),
         });
+        if self.inner.mw_binds.load(Ordering::Acquire) > 0 {
+            bail!(
+                Busy,
+                "rereg_mr: memory windows are bound to the MR; invalidate or free them first"
+            );
+        }
         let mut t = table()
             .write()
             .map_err(|_| Error::new(Errno::Io, "rereg_mr: key table poisoned"))?;
@@ -355,6 +390,10 @@ impl Mr {
         self.registered = false;
         if let Ok(mut t) = table().write() {
             t.by_key.remove(&self.inner.lkey);
+            // Windows still bound (the MR dropped without dereg) must not outlive it.
+            let inner = &self.inner;
+            t.by_key
+                .retain(|_, e| !e.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, inner)));
         }
         self.pd.mr_count.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!(lkey = format_args!("{:#x}", self.inner.lkey), "dereg_mr");
@@ -373,6 +412,56 @@ pub fn invalidate_remote(rkey: u32, pd_id: u64) -> std::result::Result<(), KeyEr
     if mr.pd_id != pd_id {
         return Err(KeyError::WrongPd);
     }
+    if mr.window.is_some() {
+        return crate::mw::invalidate(rkey, pd_id);
+    }
     mr.remote_valid.store(false, Ordering::Release);
     Ok(())
+}
+
+/// The key table's write side, for the memory-window module.
+pub(crate) fn with_table<R>(f: impl FnOnce(&mut HashMap<u32, Arc<MrInner>>) -> R) -> Option<R> {
+    let mut t = table().write().ok()?;
+    Some(f(&mut t.by_key))
+}
+
+/// True if `index` (a key's upper 24 bits) belongs to an allocated memory window.
+pub(crate) fn is_window_index(index: u32) -> bool {
+    table()
+        .read()
+        .is_ok_and(|t| t.mw_indices.contains(&(index & 0xffff_ff00)))
+}
+
+/// A fresh key whose index (upper 24 bits) no live key uses, reserved for a new memory
+/// window until [`release_window_key`].
+pub(crate) fn new_window_key() -> Option<u32> {
+    let mut t = table().write().ok()?;
+    loop {
+        let key = new_key(&t) & 0xffff_ff00;
+        if key != 0 && !t.by_key.keys().any(|k| k & 0xffff_ff00 == key) {
+            t.mw_indices.insert(key);
+            return Some(key);
+        }
+    }
+}
+
+/// Frees a window's key index and removes its entry (bound or not).
+pub(crate) fn release_window_key(key: u32) {
+    if let Ok(mut t) = table().write() {
+        let index = key & 0xffff_ff00;
+        t.mw_indices.remove(&index);
+        let gone: Vec<u32> = t
+            .by_key
+            .iter()
+            .filter(|(k, e)| **k & 0xffff_ff00 == index && e.window.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            if let Some(e) = t.by_key.remove(&k) {
+                if let Some(p) = &e.parent {
+                    p.mw_binds.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
 }

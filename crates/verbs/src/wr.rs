@@ -174,6 +174,31 @@ pub struct SendWr {
     pub swap: u64,
     /// Destination of a UD send (`wr.ud`): address vector, remote QPN and Q_Key.
     pub ud: Option<UdDest>,
+    /// What a BIND_MW binds (`ibv_bind_mw` or `wr.bind_mw`).
+    pub bind: Option<MwBind>,
+}
+
+/// A memory-window bind: the window `mw_rkey` (its current key) gets key `new_rkey` and
+/// covers `[addr, addr + length)` of the MR with local key `mr_lkey`, with `access`
+/// (remote rights); a `length` of 0 unbinds (type 1 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MwBind {
+    /// The window's key before the bind.
+    pub mw_rkey: u32,
+    /// Its key after the bind.
+    pub new_rkey: u32,
+    /// The MR's lkey.
+    pub mr_lkey: u32,
+    /// First byte (an address in the MR's iova space).
+    pub addr: u64,
+    /// Bytes; 0 unbinds.
+    pub length: u64,
+    /// Remote rights of the window.
+    pub access: Access,
+    /// The window's type (1 or 2).
+    pub mw_type: u8,
+    /// The window's PD id.
+    pub mw_pd: u64,
 }
 
 /// Where a UD send goes (`ibv_send_wr.wr.ud`, with the AH's attributes copied at post time).
@@ -254,6 +279,8 @@ pub enum WcStatus {
     LocProtErr = 4,
     /// Flushed because the QP is in the error state.
     WrFlushErr = 5,
+    /// A memory-window bind failed (`IBV_WC_MW_BIND_ERR`).
+    MwBindErr = 6,
     /// Bad response.
     BadRespErr = 7,
     /// Local access error.
@@ -283,6 +310,7 @@ impl WcStatus {
             WcStatus::LocQpOpErr => "local QP operation error",
             WcStatus::LocProtErr => "local protection error",
             WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
             WcStatus::BadRespErr => "bad response error",
             WcStatus::LocAccessErr => "local access error",
             WcStatus::RemInvReqErr => "remote invalid request error",

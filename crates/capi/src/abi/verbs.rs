@@ -57,12 +57,6 @@ pub struct ibv_grh {
     _opaque: [u8; 0],
 }
 
-/// Opaque `struct ibv_mw`.
-#[repr(C)]
-pub struct ibv_mw {
-    _opaque: [u8; 0],
-}
-
 /// Opaque `struct ibv_rwq_ind_table`.
 #[repr(C)]
 pub struct ibv_rwq_ind_table {
@@ -159,7 +153,7 @@ c_struct! {
         pub _compat_rereg_mr: VoidFn,
         pub _compat_dereg_mr: VoidFn,
         pub alloc_mw: Option<unsafe extern "C" fn(pd: *mut ibv_pd, type_: c_int) -> *mut ibv_mw>,
-        pub bind_mw: Option<unsafe extern "C" fn(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut c_void) -> c_int>,
+        pub bind_mw: Option<unsafe extern "C" fn(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut ibv_mw_bind) -> c_int>,
         pub dealloc_mw: Option<unsafe extern "C" fn(mw: *mut ibv_mw) -> c_int>,
         pub _compat_create_cq: VoidFn,
         pub poll_cq: Option<unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int>,
@@ -653,6 +647,25 @@ c_struct! {
         pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
         pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
         pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
+    }
+
+    /// `struct ibv_mw`.
+    #[c = "struct ibv_mw"]
+    pub struct ibv_mw {
+        pub context: *mut ibv_context,
+        pub pd: *mut ibv_pd,
+        pub rkey: u32,
+        pub handle: u32,
+        /// `enum ibv_mw_type`.
+        pub r#type: u32,
+    }
+
+    /// `struct ibv_mw_bind`.
+    #[c = "struct ibv_mw_bind"]
+    pub struct ibv_mw_bind {
+        pub wr_id: u64,
+        pub send_flags: c_uint,
+        pub bind_info: ibv_mw_bind_info,
     }
 
     /// `struct ibv_data_buf`.

@@ -236,6 +236,9 @@ static void verbs_objects(struct ibv_context *ctx)
 	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EOPNOTSUPP, "a UD QP on iWARP: NULL/EOPNOTSUPP (as siw)");
 	CHECK(ibv_qp_to_qp_ex(qp) == NULL && errno == EINVAL,
 	      "ibv_qp_to_qp_ex of a QP made without send_ops_flags: NULL/EINVAL");
+	errno = 0;
+	CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_2) == NULL && errno == EOPNOTSUPP,
+	      "ibv_alloc_mw on iWARP: NULL/EOPNOTSUPP (as siw)");
 
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 				    .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };

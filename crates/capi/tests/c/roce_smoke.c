@@ -217,6 +217,12 @@ int main(void)
 	if (pd) {
 		address_handles(ctx, pd);
 		ud_qp(ctx, pd);
+		struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1), *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+		CHECK(mw1 && mw2 && mw1->pd == pd && mw2->type == IBV_MW_TYPE_2 && mw1->rkey != mw2->rkey,
+		      "ibv_alloc_mw: types 1 and 2 (rkeys %#x, %#x)", mw1 ? mw1->rkey : 0, mw2 ? mw2->rkey : 0);
+		errno = 0;
+		CHECK(ibv_alloc_mw(pd, (enum ibv_mw_type)3) == NULL && errno == EINVAL, "ibv_alloc_mw of type 3: NULL/EINVAL");
+		CHECK(mw1 && ibv_dealloc_mw(mw1) == 0 && mw2 && ibv_dealloc_mw(mw2) == 0, "ibv_dealloc_mw");
 		CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	}
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");

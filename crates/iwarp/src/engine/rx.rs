@@ -169,7 +169,14 @@ impl Engine {
         }
         let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE);
         let checked = if qp_ok {
-            check_remote(stag, self.qp.pd.id(), to, payload.len() as u64, Access::REMOTE_WRITE)
+            check_remote(
+                stag,
+                self.qp.pd.id(),
+                self.qp.qpn,
+                to,
+                payload.len() as u64,
+                Access::REMOTE_WRITE,
+            )
         } else {
             Err(softrdma_verbs::mr::KeyError::Rights)
         };
@@ -241,6 +248,7 @@ impl Engine {
                 check_remote(
                     rr.src_stag,
                     self.qp.pd.id(),
+                    self.qp.qpn,
                     rr.src_to,
                     rr.size as u64,
                     Access::REMOTE_READ,

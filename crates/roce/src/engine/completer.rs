@@ -5,6 +5,7 @@ use super::error::{nak_status, RcError};
 use super::local::scatter;
 use super::psn::Psn;
 use super::requester::Requester;
+use super::sendop::LocalOp;
 use super::sendop::{OpKind, SendOp};
 use super::stats::RcStats;
 use super::timers::rnr_timer;
@@ -106,6 +107,10 @@ impl Requester {
         }
         let mut progressed = false;
         while let Some(op) = self.ops.front() {
+            if op.local.is_some() {
+                self.run_local_front(qp)?;
+                continue;
+            }
             if op.failed.is_some() {
                 break;
             }
@@ -341,11 +346,41 @@ impl Requester {
     /// If the oldest op failed locally, complete it in error now (everything before it has
     /// completed) and report the QP failure.
     pub(super) fn complete_ready(&mut self, qp: &QpInner) -> Result<(), RcError> {
+        while self.ops.front().is_some_and(|op| op.local.is_some()) {
+            self.run_local_front(qp)?;
+        }
         let Some((status, detail)) = self.ops.front().and_then(|op| op.failed.clone()) else {
             return Ok(());
         };
         let wr_id = self.fail_front(status, 0, qp);
         Err(RcError::LocalWr { wr_id, status, detail })
+    }
+
+    /// Executes the oldest op, a local one (everything before it has completed), and
+    /// completes it; a failed bind or invalidation completes with MW_BIND_ERR and fails the QP.
+    fn run_local_front(&mut self, qp: &QpInner) -> Result<(), RcError> {
+        let Some(local) = self.ops.front().and_then(|op| op.local) else {
+            return Ok(());
+        };
+        let done = match local {
+            LocalOp::Bind(b) => softrdma_verbs::mw::bind(&b, qp.pd.id(), qp.qpn),
+            LocalOp::Invalidate(rkey) => softrdma_verbs::mw::invalidate(rkey, qp.pd.id())
+                .map_err(|e| format!("LOCAL_INV of rkey {rkey:#x}: {e} (only memory windows can be invalidated)")),
+        };
+        match done {
+            Ok(()) => {
+                self.complete_front(qp);
+                Ok(())
+            }
+            Err(detail) => {
+                let wr_id = self.fail_front(WcStatus::MwBindErr, 0, qp);
+                Err(RcError::LocalWr {
+                    wr_id,
+                    status: WcStatus::MwBindErr,
+                    detail,
+                })
+            }
+        }
     }
 }
 

@@ -212,14 +212,12 @@ impl Responder {
                 recv,
             });
             if total > 0 {
-                let checked =
-                    check_remote(reth.rkey, qp.pd.id(), reth.va, total, Access::REMOTE_WRITE).map_err(|err| {
-                        RequestError::RemoteKey {
-                            rkey: reth.rkey,
-                            va: reth.va,
-                            len: total,
-                            err,
-                        }
+                let checked = check_remote(reth.rkey, qp.pd.id(), qp.qpn, reth.va, total, Access::REMOTE_WRITE)
+                    .map_err(|err| RequestError::RemoteKey {
+                        rkey: reth.rkey,
+                        va: reth.va,
+                        len: total,
+                        err,
                     })?;
                 if let Some(InMessage::Write { target, .. }) = self.cur.as_mut() {
                     *target = Some(checked);
@@ -307,7 +305,7 @@ impl Responder {
             None
         } else {
             Some(
-                check_remote(reth.rkey, qp.pd.id(), reth.va, len, Access::REMOTE_READ).map_err(|err| {
+                check_remote(reth.rkey, qp.pd.id(), qp.qpn, reth.va, len, Access::REMOTE_READ).map_err(|err| {
                     RequestError::RemoteKey {
                         rkey: reth.rkey,
                         va: reth.va,
@@ -356,7 +354,7 @@ impl Responder {
             return Err(RequestError::Misaligned(a.va));
         }
         self.check_resources()?;
-        let (mr, off) = check_remote(a.rkey, qp.pd.id(), a.va, 8, Access::REMOTE_ATOMIC).map_err(|err| {
+        let (mr, off) = check_remote(a.rkey, qp.pd.id(), qp.qpn, a.va, 8, Access::REMOTE_ATOMIC).map_err(|err| {
             RequestError::RemoteKey {
                 rkey: a.rkey,
                 va: a.va,

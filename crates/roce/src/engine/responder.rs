@@ -212,7 +212,7 @@ impl Responder {
                 } else {
                     // Read memory again, as on first execution: the key may be gone by now.
                     let pd = qp.pd.id();
-                    match check_remote(rkey, pd, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ) {
+                    match check_remote(rkey, pd, qp.qpn, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ) {
                         Ok(t) => Some(t),
                         Err(err) => {
                             let err = RequestError::RemoteKey {

@@ -91,6 +91,18 @@ pub(crate) struct SendOp {
     pub placed_pkts: u32,
     /// A local error: the WR completes with this status once everything before it has.
     pub failed: Option<(WcStatus, String)>,
+    /// A local operation (no packets): executed, then completed, once everything before it
+    /// has completed.
+    pub local: Option<LocalOp>,
+}
+
+/// A send-queue operation that sends nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalOp {
+    /// BIND_MW (`ibv_bind_mw` or a BIND_MW WR).
+    Bind(softrdma_verbs::wr::MwBind),
+    /// LOCAL_INV of a memory window's rkey.
+    Invalidate(u32),
 }
 
 impl SendOp {
@@ -133,7 +145,26 @@ impl SendOp {
             next_pkt: 0,
             placed_pkts: 0,
             failed: None,
+            local: None,
         };
+        if matches!(opcode, Some(WrOpcode::BindMw | WrOpcode::LocalInv)) {
+            // Sends nothing; not a READ/atomic for the ORD count.
+            op.kind = OpKind::Send { imm: None, inv: None };
+        }
+        match (opcode, wr.bind) {
+            (Some(WrOpcode::BindMw), Some(b)) => {
+                op.local = Some(LocalOp::Bind(b));
+                return op;
+            }
+            (Some(WrOpcode::BindMw), None) => {
+                return op.fail(WcStatus::LocQpOpErr, "a BIND_MW WR without its bind".into());
+            }
+            (Some(WrOpcode::LocalInv), _) => {
+                op.local = Some(LocalOp::Invalidate(wr.invalidate_rkey));
+                return op;
+            }
+            _ => {}
+        }
         let kind = match kind {
             Ok(k) => k,
             Err(why) => return op.fail(WcStatus::LocQpOpErr, why),
