@@ -72,6 +72,7 @@ pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> 
     vctx.query_device_ex = Some(vctx_query_device_ex);
     vctx.create_qp_ex = Some(crate::qp_ex::vctx_create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq_ex::vctx_create_cq_ex);
+    vctx.advise_mr = Some(crate::odp::vctx_advise_mr);
     vctx.sz = size_of::<verbs_context>();
     let c = &mut vctx.context;
     c.device = dev.as_ptr();
@@ -170,9 +171,10 @@ fn device_attr_c(a: &DeviceAttr) -> ibv_device_attr {
 
 /// `struct ibv_device_attr_ex`: the basic attributes; every extended capability (ODP, TSO,
 /// RSS, timestamps, device memory, ...) is zero, i.e. not supported.
-fn device_attr_ex_c(a: &DeviceAttr) -> ibv_device_attr_ex {
+fn device_attr_ex_c(a: &DeviceAttr, transport: softrdma_verbs::device::TransportKind) -> ibv_device_attr_ex {
     let mut c = ibv_device_attr_ex::zeroed();
     c.orig_attr = device_attr_c(a);
+    c.odp_caps = crate::odp::odp_caps(transport);
     c.device_cap_flags_ex = u64::from(a.device_cap_flags);
     c.phys_port_cnt_ex = u32::from(a.phys_port_cnt);
     c
@@ -283,7 +285,9 @@ fn query_device_ex(
     if attr_size < size_of::<ibv_device_attr>() {
         return Err(CError::inval("query_device_ex: attr_size is too small"));
     }
-    let value = with_context(ctx, |c| Ok(device_attr_ex_c(&c.verbs.query_device())))?;
+    let value = with_context(ctx, |c| {
+        Ok(device_attr_ex_c(&c.verbs.query_device(), c.verbs.device().transport))
+    })?;
     // SAFETY: the caller's struct holds `attr_size` bytes.
     unsafe { write_sized(&value, attr.cast(), attr_size) };
     Ok(())

@@ -91,6 +91,7 @@ mod marshall;
 mod mw;
 mod objects;
 mod objects_modify;
+mod odp;
 mod qp_ex;
 mod rates;
 mod strings;

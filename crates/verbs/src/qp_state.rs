@@ -218,13 +218,20 @@ pub fn check_transition(
     Ok(())
 }
 
-/// Checks that QP access flags only use bits that mean something for a QP.
+/// Checks that QP access flags are known access bits (those that mean nothing for a QP are
+/// accepted and ignored).
 pub fn check_qp_access(access: Access) -> Result<(), String> {
+    // The MR-only bits (ZERO_BASED, ON_DEMAND, HUGETLB, the optional ones) are accepted and
+    // mean nothing for a QP: rdma-core's tests pass an MR's access flags to modify_qp.
     let allowed = Access::LOCAL_WRITE.0
         | Access::REMOTE_WRITE.0
         | Access::REMOTE_READ.0
         | Access::REMOTE_ATOMIC.0
-        | Access::MW_BIND.0;
+        | Access::MW_BIND.0
+        | 0x20
+        | 0x40
+        | 0x80
+        | Access::OPTIONAL_MASK;
     if access.0 & !allowed != 0 {
         return Err(format!("unknown QP access flags {:#x}", access.0 & !allowed));
     }

@@ -206,7 +206,9 @@ c_struct! {
         pub query_port: Option<
             unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: usize) -> c_int,
         >,
-        pub advise_mr: VoidFn,
+        pub advise_mr: Option<
+            unsafe extern "C" fn(pd: *mut ibv_pd, advice: u32, flags: u32, sg_list: *mut ibv_sge, num_sge: u32) -> c_int,
+        >,
         pub alloc_null_mr: Option<unsafe extern "C" fn(pd: *mut ibv_pd) -> *mut ibv_mr>,
         pub read_counters: VoidFn,
         pub attach_counters_point_flow: VoidFn,
