@@ -331,6 +331,14 @@ impl QpInner {
         }
     }
 
+    /// The first request arrived while the QP is in RTR: `IBV_EVENT_COMM_EST`.
+    pub fn report_comm_established(&self) {
+        self.pd
+            .context()
+            .async_events()
+            .post(AsyncEventKind::CommEst, AsyncElement::Qp(self.qpn));
+    }
+
     /// The transport moved this QP to ERR because of an error (a retry count exceeded, a
     /// NAK, a Terminate, a protocol or local error; not a disconnect or the application's
     /// modify): `IBV_EVENT_QP_FATAL`.

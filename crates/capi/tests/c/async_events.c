@@ -3,6 +3,7 @@
  * QPs connected to each other with ibv_modify_qp (GID 0 = ::ffff:127.0.0.1), the receiver on
  * an SRQ. Every event is awaited with poll(2) on ibv_context.async_fd (bounded), then read
  * with ibv_get_async_event and acknowledged:
+ *   - COMM_EST when the first message reaches the receiver while it is in RTR,
  *   - SRQ_LIMIT_REACHED once the armed SRQ falls below its limit (ibv_modify_srq IBV_SRQ_LIMIT),
  *   - QP_LAST_WQE_REACHED when the SRQ's QP is moved to ERR,
  *   - QP_FATAL when the sender's retries to that QP run out,
@@ -44,7 +45,10 @@ static int next_event(struct ibv_context *ctx, struct ibv_async_event *ev, int m
 	return ibv_get_async_event(ctx, ev);
 }
 
-static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid, uint8_t timeout, uint8_t retry)
+static int rtr_to_rts(struct ibv_qp *qp, uint8_t timeout, uint8_t retry);
+
+/* RESET -> INIT -> RTR, connected to remote_qpn. */
+static int to_rtr(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
 				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
@@ -62,9 +66,13 @@ static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid, ui
 	a.ah_attr.grh.sgid_index = 0;
 	a.ah_attr.grh.hop_limit = 64;
 	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int rtr_to_rts(struct ibv_qp *qp, uint8_t timeout, uint8_t retry)
+{
+	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = timeout;
@@ -74,6 +82,13 @@ static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid, ui
 	a.max_rd_atomic = 1;
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 					     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid, uint8_t timeout, uint8_t retry)
+{
+	if (to_rtr(qp, remote_qpn, gid))
+		return -1;
+	return rtr_to_rts(qp, timeout, retry);
 }
 
 static int send_one(struct ibv_qp *qp, struct ibv_mr *mr, uint64_t id)
@@ -128,9 +143,10 @@ int main(void)
 	ia.srq = srq;
 	struct ibv_qp *receiver = ibv_create_qp(pd, &ia);
 	CHECK(sender && receiver, "two RC QPs, the receiver on the SRQ");
-	/* timeout 8 (~1 ms), 1 retry: the sender gives up quickly once the receiver is gone. */
-	CHECK(to_rts(sender, receiver->qp_num, &gid, 8, 1) == 0 && to_rts(receiver, sender->qp_num, &gid, 8, 1) == 0,
-	      "both QPs connected (RTS)");
+	/* timeout 8 (~1 ms), 1 retry: the sender gives up quickly once the receiver is gone. The
+	 * receiver stays in RTR for the first message: COMM_EST. */
+	CHECK(to_rts(sender, receiver->qp_num, &gid, 8, 1) == 0 && to_rtr(receiver, sender->qp_num, &gid) == 0,
+	      "sender in RTS, receiver in RTR");
 
 	for (int i = 0; i < 10; i++) {
 		struct ibv_sge sge = { .addr = (uintptr_t)buf + 2048, .length = 64, .lkey = mr->lkey };
@@ -144,11 +160,19 @@ int main(void)
 
 	struct ibv_wc wc;
 	int sent = 0;
-	for (int i = 0; i < 3; i++) {
+	if (send_one(sender, mr, 99) == 0 && wait_wc(cq, &wc) && wait_wc(cq, &wc))
+		sent++;
+	CHECK(sent == 1, "a SEND to the QP in RTR is delivered");
+	CHECK(next_event(ctx, &ev, 2000) == 0 && ev.event_type == IBV_EVENT_COMM_EST && ev.element.qp == receiver,
+	      "COMM_EST for the receiver (its first packet, in RTR)");
+	ibv_ack_async_event(&ev);
+	CHECK(rtr_to_rts(receiver, 8, 1) == 0, "receiver to RTS");
+	sent = 0;
+	for (int i = 0; i < 2; i++) {
 		if (send_one(sender, mr, i) == 0 && wait_wc(cq, &wc) && wait_wc(cq, &wc))
 			sent++;
 	}
-	CHECK(sent == 3, "3 SENDs delivered through the SRQ");
+	CHECK(sent == 2, "3 SENDs delivered through the SRQ in all");
 	CHECK(next_event(ctx, &ev, 2000) == 0 && ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == srq,
 	      "SRQ_LIMIT_REACHED for the SRQ (7 WRs left < 8)");
 	ibv_ack_async_event(&ev);

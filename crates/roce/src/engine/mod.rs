@@ -94,6 +94,8 @@ pub struct RcEngine {
     reset: bool,
     /// Alternates requests and responses so neither side starves.
     responses_first: bool,
+    /// COMM_EST was reported (a request arrived in RTR).
+    comm_established: bool,
 }
 
 impl RcEngine {
@@ -112,6 +114,7 @@ impl RcEngine {
             flushed: false,
             reset: false,
             responses_first: true,
+            comm_established: false,
         }
     }
 
@@ -149,6 +152,12 @@ impl RcEngine {
             self.qp.state(),
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
+            if !self.comm_established && self.qp.state() == QpState::Rtr {
+                // The first request reached a QP still in RTR: IBV_EVENT_COMM_EST (the CM has
+                // not seen the RTU yet; rdma_notify may move it on).
+                self.comm_established = true;
+                self.qp.report_comm_established();
+            }
             self.resp.handle_request(pkt, &self.qp, &mut self.stats)
         } else {
             self.stats.dropped_invalid += 1;
