@@ -633,8 +633,16 @@ mod tests {
             assert_eq!(ibv_query_gid_type(ctx, 1, 0, &mut ty), 0);
             assert_eq!(ty, IBV_GID_TYPE_SYSFS_ROCE_V2);
 
-            let len = usize::try_from(port.gid_tbl_len).unwrap();
-            let mut table: Vec<ibv_gid_entry> = (0..=len).map(|_| ibv_gid_entry::zeroed()).collect();
+            let slots = usize::try_from(port.gid_tbl_len).unwrap();
+            let len = dev.info().gids().len();
+            assert!(len >= 1 && len < slots, "{len} GIDs, {slots} entries: some are empty");
+            let mut empty = ibv_gid_entry::zeroed();
+            assert_eq!(
+                _ibv_query_gid_ex(ctx, 1, (slots - 1) as u32, &mut empty, 0, 32),
+                libc::ENODATA,
+                "an empty entry"
+            );
+            let mut table: Vec<ibv_gid_entry> = (0..=slots).map(|_| ibv_gid_entry::zeroed()).collect();
             let n = _ibv_query_gid_table(ctx, table.as_mut_ptr(), table.len(), 0, 32);
             assert_eq!(n, isize::try_from(len).unwrap());
             assert_eq!(table[0].gid.raw, gid.raw);

@@ -213,7 +213,8 @@ mod tests {
         assert_eq!(emulated(&d, "node_type").unwrap(), "1: CA");
         assert_eq!(emulated(&d, "ports/1/pkeys/0").unwrap(), "0xffff");
         let errno = |f: &str| emulated(&d, f).unwrap_err().errno();
-        assert_eq!(errno("ports/1/gid_attrs/types/2"), libc::ENOENT, "past gid_tbl_len");
+        assert_eq!(errno("ports/1/gid_attrs/types/2"), libc::EINVAL, "an empty entry");
+        assert_eq!(errno("ports/1/gid_attrs/types/16"), libc::ENOENT, "past gid_tbl_len");
         assert_eq!(errno("ports/1/gid_attrs/types/01"), libc::ENOENT);
         assert_eq!(errno("ports/1/pkeys/1"), libc::ENOENT);
         assert_eq!(errno("board_id"), libc::ENOENT);

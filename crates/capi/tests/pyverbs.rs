@@ -136,11 +136,7 @@ fn baseline() -> BTreeMap<(String, String), Outcome> {
 }
 
 /// Tests whose outcome depends on timing here, with the reason; not held to the baseline.
-const FLAKY: &[(&str, &str)] = &[(
-    "test_cq.CQTest.test_resize_cq",
-    "shrinking a CQ below its unpolled completions must fail, but the UD sends it just posted \
-     complete on the progress thread, so the count may still be short (open on #14)",
-)];
+const FLAKY: &[(&str, &str)] = &[];
 
 fn is_vendor(id: &str) -> bool {
     ["test_mlx5", "test_efa", "test_cuda"].iter().any(|p| id.starts_with(p))

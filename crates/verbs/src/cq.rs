@@ -40,6 +40,9 @@ pub struct CqInner {
     events_delivered: AtomicU32,
     /// QPs and SRQs that use this CQ.
     pub users: AtomicU32,
+    /// Signaled send WRs posted to QPs on this CQ whose completion has not arrived yet (a
+    /// hint for `resize`; a WR lost with its QP leaves it high, which only delays a resize).
+    in_flight: AtomicU32,
 }
 
 impl CqInner {
@@ -82,7 +85,22 @@ impl CqInner {
     pub fn id(&self) -> u64 {
         self.id
     }
+
+    /// A signaled send WR was posted: its completion will come here.
+    pub fn completion_expected(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The completion of a signaled send WR arrived.
+    pub fn completion_arrived(&self) {
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+    }
 }
+
+/// How long `resize` waits for completions of send WRs already posted.
+pub const RESIZE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A completion queue (`ibv_cq`). Cloning shares it.
 #[derive(Debug, Clone)]
@@ -110,6 +128,7 @@ impl Cq {
                 events_acked: AtomicU32::new(0),
                 events_delivered: AtomicU32::new(0),
                 users: AtomicU32::new(0),
+                in_flight: AtomicU32::new(0),
             }),
         })
     }
@@ -138,9 +157,20 @@ impl Cq {
 
     /// Changes the capacity (`ibv_resize_cq`) to at least `cqe` entries, up to the device's
     /// `max`: EINVAL outside `1..=max` or below the completions queued now (as Linux rxe).
+    /// Completions of signaled send WRs already posted are first waited for (at most
+    /// [`RESIZE_WAIT`]), so that the count does not depend on how fast they arrive.
     pub fn resize(&self, cqe: u32, max: u32) -> Result<()> {
         if cqe == 0 || cqe > max {
             bail!(Inval, "resize_cq: {cqe} entries requested; the device allows 1..={max}");
+        }
+        let deadline = std::time::Instant::now() + RESIZE_WAIT;
+        loop {
+            let queued = self.inner.state.lock().map(|st| st.entries.len()).unwrap_or(0);
+            let coming = self.inner.in_flight.load(Ordering::Acquire) as usize;
+            if coming == 0 || queued + coming <= cqe as usize || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let Ok(st) = self.inner.state.lock() else {
             bail!(Io, "resize_cq: CQ poisoned")

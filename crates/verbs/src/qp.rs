@@ -295,6 +295,9 @@ impl QpInner {
         // Free the slot before the completion becomes visible: an application that polls it
         // may post again at once (perftest keeps exactly max_send_wr WRs outstanding).
         self.retire_sends(1);
+        if signaled {
+            self.send_cq.inner().completion_arrived();
+        }
         if signaled || wc.status != WcStatus::Success {
             self.send_cq.inner().push(wc);
         }
@@ -353,9 +356,10 @@ impl QpInner {
     pub fn flush(&self, sends: Vec<SendWqe>, recvs: Vec<RecvWr>) {
         for w in sends {
             let op = w.wr.opcode.map(|o| o.wc_opcode()).unwrap_or(WcOpcode::Send);
+            // An error completion is pushed whether the WR was signaled or not.
             self.complete_send(
                 WorkCompletion::new(w.wr.wr_id, WcStatus::WrFlushErr, op, self.qpn),
-                true,
+                w.signaled,
             );
         }
         for r in recvs {
@@ -782,6 +786,9 @@ impl Qp {
                     break;
                 }
                 c.sq_outstanding += 1;
+                if wqe.signaled {
+                    self.inner.send_cq.inner().completion_expected();
+                }
                 if c.state == QpState::Err && c.driver.is_none() {
                     flush_now.push(wqe);
                 } else {

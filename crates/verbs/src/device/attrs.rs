@@ -81,6 +81,9 @@ pub mod limits {
         pub const MAX_TOTAL_MCAST_QP_ATTACH: i32 = 0x7_0000;
         /// P_Key table length: one entry, the default P_Key 0xffff.
         pub const PKEY_TBL_LEN: u16 = 1;
+        /// GID table entries at least (Linux rxe has 1024): a port with fewer addresses has
+        /// empty entries, which `ibv_query_gid_ex` reports as ENODATA.
+        pub const MIN_GID_TBL_LEN: usize = 16;
         /// Local CA ACK delay (rxe: 15).
         pub const LOCAL_CA_ACK_DELAY: u8 = 15;
         /// Port capabilities as rxe: CM, device management and vendor class support (no SM).
@@ -449,14 +452,15 @@ impl PortAttr {
     /// table holds `gid_count` entries.
     ///
     /// Like rxe: Ethernet link layer, max MTU 4096, active MTU from [`Mtu::for_roce`], one
-    /// P_Key, one VL, LID 0, no SM capability bit; `gid_tbl_len` is the number of GIDs (at
-    /// least 1). State, physical state, width and speed as for soft-iWARP.
+    /// P_Key, one VL, LID 0, no SM capability bit; `gid_tbl_len` is the number of GIDs, at
+    /// least [`limits::roce::MIN_GID_TBL_LEN`] (the rest are empty entries). State, physical
+    /// state, width and speed as for soft-iWARP.
     pub(crate) fn soft_roce(state: PortState, netdev_mtu: u32, speed_mbps: Option<u32>, gid_count: usize) -> Self {
         use limits::roce;
         PortAttr {
             max_mtu: Mtu::M4096,
             active_mtu: Mtu::for_roce(netdev_mtu),
-            gid_tbl_len: i32::try_from(gid_count.max(1)).unwrap_or(i32::MAX),
+            gid_tbl_len: i32::try_from(gid_count.max(roce::MIN_GID_TBL_LEN)).unwrap_or(i32::MAX),
             port_cap_flags: roce::PORT_CAP_FLAGS,
             max_msg_sz: roce::MAX_MSG_SZ,
             pkey_tbl_len: roce::PKEY_TBL_LEN,
@@ -562,7 +566,7 @@ mod tests {
         assert_eq!(up.link_layer, 2);
         assert_eq!(up.max_mtu, Mtu::M4096);
         assert_eq!(up.active_mtu, Mtu::M1024);
-        assert_eq!(up.gid_tbl_len, 3);
+        assert_eq!(up.gid_tbl_len, 16, "3 GIDs, the rest of the table empty");
         assert_eq!(up.pkey_tbl_len, 1);
         assert_eq!(up.lid, 0);
         assert_eq!(up.max_vl_num, 1);
@@ -572,7 +576,9 @@ mod tests {
         let down = PortAttr::soft_roce(PortState::Down, 65536, None, 0);
         assert_eq!(down.phys_state, 3);
         assert_eq!(down.active_mtu, Mtu::M4096);
-        assert_eq!(down.gid_tbl_len, 1, "at least one entry");
+        assert_eq!(down.gid_tbl_len, 16, "empty entries");
+        let many = PortAttr::soft_roce(PortState::Active, 1500, None, 40);
+        assert_eq!(many.gid_tbl_len, 40, "every address has an entry");
     }
 
     #[test]

@@ -232,7 +232,7 @@ mod tests {
         assert_eq!(d.gid(4), None);
         assert_eq!(d.gid_type(3), Some(GidType::RoceV2));
         assert_eq!(d.gid_type(4), None);
-        assert_eq!(d.port_attr().gid_tbl_len, 4);
+        assert_eq!(d.port_attr().gid_tbl_len, 16, "4 GIDs and empty entries");
         assert_eq!(d.port_attr().active_mtu, super::super::Mtu::M1024);
         assert_eq!(d.attr().atomic_cap, super::super::AtomicCap::Hca);
         assert_eq!(d.gid_index_of("198.19.0.1".parse().unwrap()), Some(1));
@@ -259,11 +259,11 @@ mod tests {
     }
 
     #[test]
-    fn roce_without_addresses_has_one_empty_entry() {
+    fn roce_without_addresses_has_only_empty_entries() {
         let d = rxe(&[]);
         assert!(d.gids().is_empty());
         assert_eq!(d.gid(0), None);
-        assert_eq!(d.port_attr().gid_tbl_len, 1);
+        assert_eq!(d.port_attr().gid_tbl_len, 16);
     }
 
     #[test]
