@@ -1135,8 +1135,9 @@ fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) 
 }
 
 fn ack_cm_event(p: *mut rdma_cm_event) -> CResult<c_int> {
-    non_null(p, "event")?;
-    // SAFETY: an event from rdma_get_cm_event (C contract); C gives it up with this call.
+    // SAFETY: checked to be a live event of this library before it is taken back.
+    unsafe { SoftEvent::from_c(p)? };
+    // SAFETY: an event from rdma_get_cm_event (checked above); C gives it up with this call.
     drop(unsafe { SoftEvent::from_c_owned(p) });
     Ok(0)
 }
@@ -1258,9 +1259,12 @@ c_fn! {
 
     /// `void rdma_destroy_event_channel(struct rdma_event_channel *)`.
     fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-        if !channel.is_null() {
-            // SAFETY: a channel of this library; C gives it up with this call.
-            drop(unsafe { SoftEventChannel::from_c_owned(channel) });
+        // SAFETY: only checked here.
+        match unsafe { SoftEventChannel::from_c(channel) } {
+            // SAFETY: a live channel of this library; C gives it up with this call.
+            Ok(_) => drop(unsafe { SoftEventChannel::from_c_owned(channel) }),
+            Err(e) if !channel.is_null() => crate::error::report(e),
+            Err(_) => {}
         }
     }
 

@@ -42,22 +42,34 @@ macro_rules! c_object {
         );
 
         impl $soft {
-            /// The object behind a pointer this library handed out; EINVAL for NULL.
+            /// The addresses of the live objects of this type (created by [`Self::into_c`],
+            /// not yet taken back by [`Self::from_c_owned`]): a pointer C passes in is one of
+            /// them or it is refused, whatever it points at.
+            fn live() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
+                static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<usize>>> =
+                    std::sync::OnceLock::new();
+                LIVE.get_or_init(Default::default)
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            }
+
+            /// The object behind a pointer this library handed out; EINVAL for NULL or for a
+            /// pointer that is not a live object of this type (a foreign pointer, an object of
+            /// another type, or one already destroyed).
             ///
             /// # Safety
-            /// `p` is NULL or was returned by this library's create call for this type and not
-            /// destroyed yet, and stays valid for `'a`.
+            /// A live object stays valid for `'a` (C may not destroy it during the call).
             #[allow(dead_code)]
             pub(crate) unsafe fn from_c<'a>(p: *mut $c) -> CResult<&'a $soft> {
                 non_null(p, $what)?;
-                if !p.cast::<$soft>().is_aligned() {
+                if !Self::live().contains(&(p as usize)) {
                     return Err(CError::inval(concat!(
                         $what,
-                        " is not a pointer this library handed out"
+                        " is not a live object of this library (a foreign pointer, or destroyed already)"
                     )));
                 }
-                // SAFETY: per this function's contract `p` is the address of a live $soft
-                // (its C header is at offset 0).
+                // SAFETY: registered, so `p` is the address of a live $soft (its C header is
+                // at offset 0), valid for `'a` per this function's contract.
                 Ok(unsafe { &*p.cast::<$soft>() })
             }
 
@@ -69,7 +81,9 @@ macro_rules! c_object {
 
             /// Moves the object to the heap; the returned pointer is what C holds.
             pub(crate) fn into_c(self) -> *mut $c {
-                Box::into_raw(Box::new(self)).cast()
+                let p: *mut $c = Box::into_raw(Box::new(self)).cast();
+                Self::live().insert(p as usize);
+                p
             }
 
             /// Takes ownership back (for destroy).
@@ -77,6 +91,7 @@ macro_rules! c_object {
             /// # Safety
             /// `p` came from [`Self::into_c`] and is not used by C after this call.
             pub(crate) unsafe fn from_c_owned(p: *mut $c) -> Box<$soft> {
+                Self::live().remove(&(p as usize));
                 // SAFETY: per the contract, `p` is a Box<$soft> leaked by into_c.
                 unsafe { Box::from_raw(p.cast::<$soft>()) }
             }

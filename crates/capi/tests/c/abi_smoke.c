@@ -239,6 +239,16 @@ static void verbs_objects(struct ibv_context *ctx)
 	errno = 0;
 	CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_2) == NULL && errno == EOPNOTSUPP,
 	      "ibv_alloc_mw on iWARP: NULL/EOPNOTSUPP (as siw)");
+	/* Foreign pointers and objects of another type are refused, not dereferenced. */
+	static char junk[1024] __attribute__((aligned(64)));
+	memset(junk, 0x5a, sizeof junk);
+	CHECK(ibv_dealloc_pd((struct ibv_pd *)junk) == EINVAL, "ibv_dealloc_pd of a foreign pointer: EINVAL");
+	CHECK(ibv_dealloc_pd((struct ibv_pd *)cq) == EINVAL, "ibv_dealloc_pd of a CQ: EINVAL");
+	CHECK(ibv_destroy_cq((struct ibv_cq *)junk) == EINVAL, "ibv_destroy_cq of a foreign pointer: EINVAL");
+	CHECK(ibv_destroy_qp((struct ibv_qp *)junk) == EINVAL, "ibv_destroy_qp of a foreign pointer: EINVAL");
+	CHECK(ibv_dereg_mr((struct ibv_mr *)junk) == EINVAL, "ibv_dereg_mr of a foreign pointer: EINVAL");
+	CHECK(ibv_destroy_srq((struct ibv_srq *)junk) == EINVAL, "ibv_destroy_srq of a foreign pointer: EINVAL");
+	CHECK(ibv_resize_cq((struct ibv_cq *)junk, 8) == EINVAL, "ibv_resize_cq of a foreign pointer: EINVAL");
 
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 				    .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
