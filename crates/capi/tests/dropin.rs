@@ -242,23 +242,7 @@ fn every_consumer_resolves_every_rdma_symbol() {
 fn pure_helpers_answer_as_debians_libibverbs() {
     let real = Path::new(REAL_LIBS[0]);
     assert!(real.exists(), "{} is missing (install libibverbs1)", real.display());
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-smoke");
-    std::fs::create_dir_all(&out).unwrap();
-    let exe = out.join("abi_pure");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/abi_pure.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-    let build = run(Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs"));
-    assert_eq!(
-        build.code,
-        Some(0),
-        "compiling {} (needs libibverbs-dev): {}",
-        src.display(),
-        build.describe()
-    );
+    let exe = common::compile_c("abi_pure", std::ffi::OsStr::new("-libverbs"));
     // Debian's library: the program's own DT_NEEDED, no LD_LIBRARY_PATH.
     let o = Command::new(&exe).env_remove("LD_LIBRARY_PATH").output().unwrap();
     assert!(o.status.success(), "{exe:?} over {}: {o:?}", real.display());
@@ -452,23 +436,7 @@ fn c_program(name: &str) -> common::Run {
 
 /// [`c_program`] with `extra` lines appended to the config (after `siw_lo`).
 fn c_program_with(name: &str, extra: &str) -> common::Run {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-smoke");
-    std::fs::create_dir_all(&out).unwrap();
-    let exe = out.join(name);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-    let build = run(Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(dropin_dir().join("libibverbs.so.1")));
-    assert_eq!(
-        build.code,
-        Some(0),
-        "compiling {} (needs libibverbs-dev, librdmacm-dev): {}",
-        src.display(),
-        build.describe()
-    );
+    let exe = common::compile_c(name, dropin_dir().join("libibverbs.so.1").as_os_str());
     let cfg = lo_config(&format!("capi-config-{name}"), extra);
     let r = run(Command::new(&exe).env("SOFTRDMA_CONFIG", &cfg));
     assert_eq!(r.code, Some(0), "{}", r.describe());

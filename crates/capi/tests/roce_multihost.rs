@@ -487,17 +487,7 @@ fn port_events_follow_the_link() {
     // PORT_ACTIVE through async_fd, and ibv_query_port following.
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("p") else { return };
-    let exe = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("port_events");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/port_events.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-    let build = common::run(
-        std::process::Command::new(&cc)
-            .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .arg(common::dropin_dir().join("libibverbs.so.1")),
-    );
-    assert_eq!(build.code, Some(0), "compiling {}: {}", src.display(), build.describe());
+    let exe = common::compile_c("port_events", common::dropin_dir().join("libibverbs.so.1").as_os_str());
     let mut cmd = h.cmd(&h.a, &exe, &[&h.dev_a(), &h.veth_a]);
     cmd.env("SOFTRDMA_TRANSPORTS", "roce");
     let r = Proc::start(&mut cmd).wait(Duration::from_secs(30));

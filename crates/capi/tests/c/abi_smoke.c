@@ -21,6 +21,8 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 
+#include "check.h"
+
 /* Private libibverbs exports (rdma-core's driver.h, not installed); ibv_devinfo uses both. */
 enum ibv_gid_type_sysfs { IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2 };
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
@@ -30,20 +32,6 @@ int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t siz
 /* libmlx5 / libefa entry points (declared here to avoid the provider headers). */
 struct ibv_context *mlx5dv_open_device(struct ibv_device *device, void *attr);
 int efadv_query_device(struct ibv_context *ibvctx, void *attr, uint32_t inlen);
-
-static int failures;
-
-#define CHECK(cond, ...)                                              \
-	do {                                                          \
-		if (cond) {                                           \
-			printf("ok   ");                              \
-		} else {                                              \
-			printf("FAIL ");                              \
-			failures++;                                   \
-		}                                                     \
-		printf(__VA_ARGS__);                                  \
-		printf("   [%s:%d]\n", __FILE__, __LINE__);           \
-	} while (0)
 
 static int compat_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
 static void verbs_objects(struct ibv_context *ctx);
@@ -163,8 +151,7 @@ int main(void)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	ibv_free_device_list(list);
 
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }
 
 /* The exported compat symbol, as binaries built without the extended context call it. */

@@ -22,19 +22,7 @@
 #include <string.h>
 #include <infiniband/verbs.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                              \
-	do {                                                          \
-		if (cond) {                                           \
-			printf("ok   ");                              \
-		} else {                                              \
-			printf("FAIL ");                              \
-			failures++;                                   \
-		}                                                     \
-		printf(__VA_ARGS__);                                  \
-		printf("   [%s:%d]\n", __FILE__, __LINE__);           \
-	} while (0)
+#include "check.h"
 
 /* Waits (at most `ms`) for the next async event; 0 if one was read into *ev. */
 static int next_event(struct ibv_context *ctx, struct ibv_async_event *ev, int ms)
@@ -223,6 +211,5 @@ int main(void)
 		      ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0,
 	      "everything else released");
 	ibv_free_device_list(list);
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }

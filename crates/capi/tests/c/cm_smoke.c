@@ -16,20 +16,7 @@
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                              \
-	do {                                                          \
-		if (cond) {                                           \
-			printf("ok   ");                              \
-		} else {                                              \
-			printf("FAIL ");                              \
-			failures++;                                   \
-		}                                                     \
-		printf(__VA_ARGS__);                                  \
-		printf("   [%s:%d]\n", __FILE__, __LINE__);           \
-		fflush(stdout);                                       \
-	} while (0)
+#include "check.h"
 
 static struct rdma_event_channel *ch;
 
@@ -187,6 +174,5 @@ int main(void)
 	      "rdma_destroy_id");
 	rdma_destroy_event_channel(ch);
 
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }

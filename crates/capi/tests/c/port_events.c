@@ -13,19 +13,7 @@
 #include <string.h>
 #include <infiniband/verbs.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                              \
-	do {                                                          \
-		if (cond) {                                           \
-			printf("ok   ");                              \
-		} else {                                              \
-			printf("FAIL ");                              \
-			failures++;                                   \
-		}                                                     \
-		printf(__VA_ARGS__);                                  \
-		printf("   [%s:%d]\n", __FILE__, __LINE__);           \
-	} while (0)
+#include "check.h"
 
 /* The next event within `ms`, acknowledged; its type, or -1. */
 static int next_event(struct ibv_context *ctx, int ms, int *port)
@@ -82,6 +70,5 @@ int main(int argc, char **argv)
 	CHECK(port_state(ctx) == IBV_PORT_ACTIVE, "ibv_query_port: ACTIVE");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	ibv_free_device_list(list);
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }

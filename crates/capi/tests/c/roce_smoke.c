@@ -18,25 +18,13 @@
 #include <netinet/ip.h>
 #include <infiniband/verbs.h>
 
+#include "check.h"
+
 /* Private libibverbs exports (rdma-core's driver.h, not installed); ibv_devinfo uses both. */
 enum ibv_gid_type_sysfs { IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2 };
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
 		       enum ibv_gid_type_sysfs *type);
 int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
-
-static int failures;
-
-#define CHECK(cond, ...)                                              \
-	do {                                                          \
-		if (cond) {                                           \
-			printf("ok   ");                              \
-		} else {                                              \
-			printf("FAIL ");                              \
-			failures++;                                   \
-		}                                                     \
-		printf(__VA_ARGS__);                                  \
-		printf("   [%s:%d]\n", __FILE__, __LINE__);           \
-	} while (0)
 
 static const uint8_t LO_GID[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1 };
 
@@ -231,6 +219,5 @@ int main(void)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	ibv_free_device_list(list);
 
-	printf("%s: %d failure(s)\n", failures ? "FAILED" : "PASSED", failures);
-	return failures ? 1 : 0;
+	return check_summary();
 }

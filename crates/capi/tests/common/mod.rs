@@ -311,3 +311,27 @@ impl Proc {
         self.child.id()
     }
 }
+
+/// Compiles `tests/c/<name>.c` against the real rdma-core headers into the target directory,
+/// linked with `link` (the drop-in's `libibverbs.so.1`, or `-libverbs` for Debian's own);
+/// the test fails naming what to install if it does not compile. Returns the executable.
+pub fn compile_c(name: &str, link: &std::ffi::OsStr) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-smoke");
+    std::fs::create_dir_all(&out).unwrap();
+    let exe = out.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+    let build = run(Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(link));
+    assert_eq!(
+        build.code,
+        Some(0),
+        "compiling {} (needs libibverbs-dev, librdmacm-dev): {}",
+        src.display(),
+        build.describe()
+    );
+    exe
+}
