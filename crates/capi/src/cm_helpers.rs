@@ -10,7 +10,7 @@ use libc::{sockaddr_in, sockaddr_in6, sockaddr_storage};
 
 use crate::abi::{ibv_context, ibv_pd, ibv_srq_init_attr, ibv_srq_init_attr_ex, rdma_cm_id};
 use crate::cm::{destroy_id_cqs, device_handles, hget, hset, lock, reject, ucma_init, SoftCmId};
-use crate::device::current_devices;
+use crate::device::{current_devices, free_c_list, into_c_list};
 use crate::error::{non_null, ret_neg1, ret_or, ret_ptr, CError, CResult};
 use crate::objects::{create_srq, destroy_srq};
 
@@ -45,22 +45,7 @@ fn get_devices(num: *mut c_int) -> CResult<*mut *mut ibv_context> {
         // SAFETY: non-NULL; the caller's int.
         unsafe { num.write(c_int::try_from(list.len()).unwrap_or(c_int::MAX)) };
     }
-    list.push(ptr::null_mut());
-    Ok(Box::into_raw(list.into_boxed_slice()).cast())
-}
-
-fn free_devices(list: *mut *mut ibv_context) {
-    if list.is_null() {
-        return;
-    }
-    let mut len = 0;
-    // SAFETY: `list` came from rdma_get_devices: a boxed slice ending in NULL.
-    while !unsafe { *list.add(len) }.is_null() {
-        len += 1;
-    }
-    // SAFETY: the same allocation: `len` contexts plus the terminator. The contexts are
-    // librdmacm's own and stay open.
-    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, len + 1)) });
+    Ok(into_c_list(list))
 }
 
 /// The port of `ss` in network byte order (0 if unbound), as librdmacm's `ucma_get_port`.
@@ -215,7 +200,9 @@ c_fn! {
 
     /// `void rdma_free_devices(struct ibv_context **list)`.
     fn rdma_free_devices(list: *mut *mut ibv_context) {
-        free_devices(list)
+        // SAFETY: `list` came from rdma_get_devices (C contract); the contexts are
+        // librdmacm's own and stay open.
+        unsafe { free_c_list(list) }
     }
 
     /// `__be16 rdma_get_src_port(struct rdma_cm_id *id)`: 0 if unbound or on error.

@@ -146,6 +146,31 @@ pub(crate) fn current_devices() -> CResult<Vec<&'static SoftDevice>> {
     Ok(out)
 }
 
+/// A NULL-terminated array of `items` for C (`ibv_get_device_list`, `rdma_get_devices`),
+/// freed with [`free_c_list`].
+pub(crate) fn into_c_list<T>(mut items: Vec<*mut T>) -> *mut *mut T {
+    items.push(ptr::null_mut());
+    Box::into_raw(items.into_boxed_slice()).cast::<*mut T>()
+}
+
+/// Frees an array made by [`into_c_list`] (not what it points at); NULL is ignored.
+///
+/// # Safety
+/// `list` is NULL or came from [`into_c_list`] and is not used after this call.
+pub(crate) unsafe fn free_c_list<T>(list: *mut *mut T) {
+    if list.is_null() {
+        return;
+    }
+    let mut len = 0;
+    // SAFETY: per the contract `list` is a live boxed slice whose last element is the NULL
+    // terminator, so every index up to it is in bounds.
+    while !unsafe { *list.add(len) }.is_null() {
+        len += 1;
+    }
+    // SAFETY: the same allocation as into_c_list made: `len` elements plus the terminator.
+    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, len + 1)) });
+}
+
 /// The device object behind a `struct ibv_device *` that this library handed out.
 pub(crate) fn lookup(device: *const ibv_device) -> CResult<&'static SoftDevice> {
     non_null(device, "device")?;
@@ -162,28 +187,17 @@ c_fn! {
     fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
         ret_ptr(current_devices().map(|devs| {
             let count = c_int::try_from(devs.len()).unwrap_or(c_int::MAX);
-            let mut list: Vec<*mut ibv_device> = devs.into_iter().map(SoftDevice::as_ptr).collect();
-            list.push(ptr::null_mut());
             // SAFETY: `num_devices` is NULL or points to an int (C contract).
             unsafe { write_out(num_devices, count) };
-            Box::into_raw(list.into_boxed_slice()).cast::<*mut ibv_device>()
+            into_c_list(devs.into_iter().map(SoftDevice::as_ptr).collect())
         }))
     }
 
     /// `void ibv_free_device_list(struct ibv_device **list)`: frees the array only; the
     /// devices stay valid.
     fn ibv_free_device_list(list: *mut *mut ibv_device) {
-        if list.is_null() {
-            return;
-        }
-        let mut len = 0;
-        // SAFETY: `list` came from ibv_get_device_list: a live boxed slice whose last element
-        // is the NULL terminator, so every index up to it is in bounds.
-        while !unsafe { *list.add(len) }.is_null() {
-            len += 1;
-        }
-        // SAFETY: same allocation as created there: `len` devices plus the terminator.
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(list, len + 1)) });
+        // SAFETY: `list` came from ibv_get_device_list (C contract).
+        unsafe { free_c_list(list) }
     }
 
     /// `const char *ibv_get_device_name(struct ibv_device *device)`.
