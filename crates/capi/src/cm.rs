@@ -31,6 +31,7 @@ use softrdma_verbs::QpState;
 use crate::abi::{
     ibv_context, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_init_attr_ex, rdma_addrinfo, rdma_cm_event,
     rdma_cm_id, rdma_cm_join_mc_attr_ex, rdma_conn_param, rdma_event_channel, rdma_ud_param,
+    IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_INIT_ATTR_PD,
 };
 use crate::context::open_device;
 use crate::device::current_devices;
@@ -54,9 +55,6 @@ const RDMA_OPTION_ID_REUSEADDR: c_int = 1;
 const RDMA_OPTION_ID_AFONLY: c_int = 2;
 const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
 const RDMA_OPTION_IB_PATH: c_int = 1;
-/// `IBV_QP_INIT_ATTR_PD` and `IBV_QP_INIT_ATTR_CREATE_FLAGS` in `ibv_qp_init_attr_ex.comp_mask`.
-const IBV_QP_INIT_ATTR_PD: u32 = 1;
-const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 /// `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB` in `ibv_qp_init_attr_ex.create_flags`.
 const IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
 /// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`, `RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS`, `RDMA_CM_JOIN_MC_ATTR_RESERVED`.

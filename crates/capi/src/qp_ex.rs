@@ -17,19 +17,12 @@ use softrdma_verbs::QpType;
 
 use crate::abi::{
     ibv_ah, ibv_context, ibv_data_buf, ibv_mw, ibv_mw_bind_info, ibv_qp, ibv_qp_ex, ibv_qp_init_attr,
-    ibv_qp_init_attr_ex, ibv_sge,
+    ibv_qp_init_attr_ex, ibv_sge, IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_INIT_ATTR_IND_TABLE,
+    IBV_QP_INIT_ATTR_MAX_TSO_HEADER, IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_RX_HASH, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    IBV_QP_INIT_ATTR_XRCD,
 };
 use crate::error::{non_null, ret_ptr, CError, CResult};
 use crate::objects::{create_qp_on_pd, SoftQp};
-
-/// `enum ibv_qp_init_attr_mask`.
-const ATTR_PD: u32 = 1;
-const ATTR_XRCD: u32 = 2;
-const ATTR_CREATE_FLAGS: u32 = 4;
-const ATTR_MAX_TSO_HEADER: u32 = 8;
-const ATTR_IND_TABLE: u32 = 16;
-const ATTR_RX_HASH: u32 = 32;
-const ATTR_SEND_OPS_FLAGS: u32 = 64;
 
 /// `enum ibv_qp_create_send_ops_flags`.
 const WITH_RDMA_WRITE: u64 = 1 << 0;
@@ -251,18 +244,24 @@ fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> CResul
     // SAFETY: non-NULL; the caller's in/out struct ibv_qp_init_attr_ex.
     let ex = unsafe { &mut *attr };
     let mask = ex.comp_mask;
-    if mask & (ATTR_XRCD | ATTR_IND_TABLE | ATTR_RX_HASH | ATTR_MAX_TSO_HEADER) != 0 {
+    if mask
+        & (IBV_QP_INIT_ATTR_XRCD
+            | IBV_QP_INIT_ATTR_IND_TABLE
+            | IBV_QP_INIT_ATTR_RX_HASH
+            | IBV_QP_INIT_ATTR_MAX_TSO_HEADER)
+        != 0
+    {
         return Err(CError::unsupported(format!(
             "create_qp_ex: comp_mask {mask:#x}: XRC domains, RSS indirection tables and TSO are not supported (as by Linux rxe and siw)"
         )));
     }
-    if mask & !(ATTR_PD | ATTR_CREATE_FLAGS | ATTR_SEND_OPS_FLAGS) != 0 {
+    if mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
         return Err(CError::inval(format!("create_qp_ex: unknown comp_mask bits {mask:#x}")));
     }
-    if mask & ATTR_PD == 0 || ex.pd.is_null() {
+    if mask & IBV_QP_INIT_ATTR_PD == 0 || ex.pd.is_null() {
         return Err(CError::inval("create_qp_ex: a PD is required (IBV_QP_INIT_ATTR_PD)"));
     }
-    if mask & ATTR_CREATE_FLAGS != 0 && ex.create_flags != 0 {
+    if mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && ex.create_flags != 0 {
         return Err(CError::unsupported(format!(
             "create_qp_ex: create_flags {:#x} are not supported",
             ex.create_flags
@@ -273,7 +272,7 @@ fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> CResul
     if pd.context() != ctx {
         return Err(CError::inval("create_qp_ex: the PD belongs to another context"));
     }
-    let batch = if mask & ATTR_SEND_OPS_FLAGS != 0 {
+    let batch = if mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
         let qp_type = match ex.qp_type {
             2 => QpType::Rc,
             3 => QpType::Uc,

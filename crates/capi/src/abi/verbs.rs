@@ -35,6 +35,15 @@ pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 /// `enum ibv_gid_type_sysfs`: `IBV_GID_TYPE_SYSFS_ROCE_V2`.
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
+/// `enum ibv_qp_init_attr_mask` (`ibv_qp_init_attr_ex.comp_mask`).
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+pub const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 1 << 3;
+pub const IBV_QP_INIT_ATTR_IND_TABLE: u32 = 1 << 4;
+pub const IBV_QP_INIT_ATTR_RX_HASH: u32 = 1 << 5;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
 /// `__VERBS_ABI_IS_EXTENDED`: the `abi_compat` value that makes `verbs_get_ctx()` valid.
 pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
