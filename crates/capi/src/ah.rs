@@ -10,12 +10,10 @@
 //! receive, which the RoCE engine fills as Linux rxe does: for an IPv4 packet 20 zero bytes
 //! then the IPv4 header, for IPv6 the IPv6 header ([`ah_attr_from_grh`]).
 
-use std::collections::HashSet;
 use std::ffi::c_int;
 use std::mem::offset_of;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use softrdma_verbs::device::{DeviceInfo, Gid, TransportKind};
 use softrdma_verbs::qp::AhAttr;
@@ -35,21 +33,14 @@ pub(crate) struct SoftAh {
 }
 c_object!(SoftAh, ibv_ah, "ah");
 
-/// Addresses of live AHs.
-static LIVE_AHS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-fn live_ahs() -> MutexGuard<'static, Option<HashSet<usize>>> {
-    LIVE_AHS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The destination of a UD send WR (`wr.ud`) on a QP in the PD with id `pd_id`; the reason
 /// (for an EINVAL) if `ah` is NULL, not a live AH of this library, or of another PD.
 pub(crate) fn ud_dest(ah: *mut ibv_ah, pd_id: u64, remote_qpn: u32, remote_qkey: u32) -> Result<UdDest, &'static str> {
     if ah.is_null() {
         return Err("wr.ud.ah is NULL");
     }
-    let live = live_ahs();
-    if !live.as_ref().is_some_and(|s| s.contains(&(ah as usize))) {
+    let live = SoftAh::live();
+    if !live.contains(&(ah as usize)) {
         return Err("wr.ud.ah is not a live address handle of this library");
     }
     // SAFETY: registered AHs are live; destroy_ah unregisters (under this lock) before freeing.
@@ -58,12 +49,6 @@ pub(crate) fn ud_dest(ah: *mut ibv_ah, pd_id: u64, remote_qpn: u32, remote_qkey:
         return Err("the address handle belongs to another protection domain than the QP");
     }
     Ok(soft.ah.ud_dest(remote_qpn, remote_qkey))
-}
-
-fn register(soft: SoftAh) -> *mut ibv_ah {
-    let p = soft.into_c();
-    live_ahs().get_or_insert_with(HashSet::new).insert(p as usize);
-    p
 }
 
 fn new_ah(pd_ptr: *mut ibv_pd, pd: &SoftPd, attr: &AhAttr) -> CResult<*mut ibv_ah> {
@@ -84,7 +69,7 @@ fn new_ah(pd_ptr: *mut ibv_pd, pd: &SoftPd, attr: &AhAttr) -> CResult<*mut ibv_a
         pd: pd_ptr,
         handle: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
-    Ok(register(SoftAh { c, ah }))
+    Ok(SoftAh { c, ah }.into_c())
 }
 
 fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> CResult<*mut ibv_ah> {
@@ -97,13 +82,10 @@ fn create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> CResult<*mut ibv_ah> {
 }
 
 fn destroy_ah(p: *mut ibv_ah) -> CResult<()> {
-    non_null(p, "ah")?;
-    let removed = live_ahs().as_mut().is_some_and(|s| s.remove(&(p as usize)));
-    if !removed {
-        return Err(CError::inval("not a live address handle of this library"));
-    }
-    // SAFETY: it was registered, so it came from into_c; now unregistered, so this is the
-    // only free and no send path can reach it any more.
+    // SAFETY: checked to be a live AH of this library before it is taken back.
+    unsafe { SoftAh::from_c(p)? };
+    // SAFETY: live (checked above); from_c_owned leaves the live set (under the lock the send
+    // path holds while it reads an AH) before the free.
     drop(unsafe { SoftAh::from_c_owned(p) });
     Ok(())
 }

@@ -13,7 +13,6 @@
 //! EINVAL.
 
 use std::cell::UnsafeCell;
-use std::collections::HashSet;
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::offset_of;
 use std::ptr;
@@ -479,14 +478,6 @@ pub(crate) struct SoftQp {
 }
 c_object!(SoftQp, ibv_qp, "qp");
 
-/// Addresses of live QPs, so connection events can update a QP's C state without touching a
-/// QP the application already destroyed with `ibv_destroy_qp`.
-static LIVE_QPS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
-
-fn live_qps() -> std::sync::MutexGuard<'static, Option<HashSet<usize>>> {
-    LIVE_QPS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl SoftQp {
     fn state_cell(&self) -> &AtomicU32 {
         // SAFETY: `state` is a live, aligned u32 inside our UnsafeCell; after creation it is
@@ -517,11 +508,12 @@ impl SoftQp {
     }
 }
 
-/// Updates the C state of the QP at `qp` if it is still alive (connection events).
-/// The Rust QP behind a live C QP pointer (None for unknown pointers).
+/// The Rust QP behind a live C QP pointer (None for unknown pointers). Connection events use
+/// these lookups, so they never touch a QP the application already destroyed: the live set
+/// of `c_object!` is held while the QP is read, and destroy leaves it before the free.
 pub(crate) fn live_qp(qp: *mut ibv_qp) -> Option<Qp> {
-    let live = live_qps();
-    if live.as_ref().is_some_and(|s| s.contains(&(qp as usize))) {
+    let live = SoftQp::live();
+    if live.contains(&(qp as usize)) {
         // SAFETY: registered QPs are live; destroy unregisters (under this lock) first.
         Some(unsafe { &*qp.cast::<SoftQp>() }.qp.clone())
     } else {
@@ -531,20 +523,18 @@ pub(crate) fn live_qp(qp: *mut ibv_qp) -> Option<Qp> {
 
 /// The live QP with number `qpn` (for `conn_param.qp_num` of QPs made with `ibv_create_qp`).
 pub(crate) fn live_qp_by_num(qpn: u32) -> Option<Qp> {
-    let live = live_qps();
-    live.as_ref()?.iter().find_map(|&a| {
+    let live = SoftQp::live();
+    live.iter().find_map(|&a| {
         // SAFETY: registered QPs are live; destroy unregisters (under this lock) first.
         let q = unsafe { &*(a as *const SoftQp) };
         (q.qp.qpn() == qpn).then(|| q.qp.clone())
     })
 }
 
+/// Updates the C state of the QP at `qp` if it is still alive (connection events).
 pub(crate) fn refresh_qp_state(qp: *mut ibv_qp) {
-    if qp.is_null() {
-        return;
-    }
-    let live = live_qps();
-    if live.as_ref().is_some_and(|s| s.contains(&(qp as usize))) {
+    let live = SoftQp::live();
+    if live.contains(&(qp as usize)) {
         // SAFETY: registered QPs are live; destroy unregisters (under this lock) first.
         unsafe { &*qp.cast::<SoftQp>() }.sync_state();
     }
@@ -640,7 +630,6 @@ pub(crate) fn wrap_qp_ex(
         ex,
     }
     .into_c();
-    live_qps().get_or_insert_with(HashSet::new).insert(p as usize);
     // SAFETY: `p` was just created.
     let qpn = unsafe { SoftQp::from_c(p) }.map(|q| q.qp.qpn()).unwrap_or(0);
     async_events::register(Object::Qp(qpn), p.cast());
@@ -682,16 +671,13 @@ pub(crate) fn create_qp_on_pd(
 /// # Safety
 /// `p` is a QP of this library; C gives the pointer up with this call.
 pub(crate) unsafe fn free_qp(p: *mut ibv_qp) {
-    if let Some(s) = live_qps().as_mut() {
-        s.remove(&(p as usize));
-    }
-    // SAFETY: per the contract, `p` is still a live QP here.
-    if let Ok(q) = unsafe { SoftQp::from_c(p) } {
-        // rdma_destroy_qp cannot fail: past the bounded wait, the QP goes anyway.
-        let _ = qp_events_done(q);
-        async_events::unregister(Object::Qp(q.qp.qpn()), p.cast());
-    }
-    // SAFETY: per the contract.
+    // SAFETY: per the contract, `p` is still a live QP here (checked: a pointer that is not
+    // is left alone).
+    let Ok(q) = (unsafe { SoftQp::from_c(p) }) else { return };
+    // rdma_destroy_qp cannot fail: past the bounded wait, the QP goes anyway.
+    let _ = qp_events_done(q);
+    async_events::unregister(Object::Qp(q.qp.qpn()), p.cast());
+    // SAFETY: live (checked above); this leaves the live set before the free.
     drop(unsafe { SoftQp::from_c_owned(p) });
 }
 
