@@ -450,18 +450,6 @@ pub(crate) fn release_window_key(key: u32) {
     if let Ok(mut t) = table().write() {
         let index = key & 0xffff_ff00;
         t.mw_indices.remove(&index);
-        let gone: Vec<u32> = t
-            .by_key
-            .iter()
-            .filter(|(k, e)| **k & 0xffff_ff00 == index && e.window.is_some())
-            .map(|(k, _)| *k)
-            .collect();
-        for k in gone {
-            if let Some(e) = t.by_key.remove(&k) {
-                if let Some(p) = &e.parent {
-                    p.mw_binds.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        }
+        crate::mw::unbind_all(&mut t.by_key, index);
     }
 }

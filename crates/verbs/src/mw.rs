@@ -12,6 +12,7 @@ use crate::mr::{lookup_key, release_window_key, with_table, KeyError, MrInner};
 use crate::pd::Pd;
 use crate::wr::{Access, MwBind};
 use crate::{bail, Result};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -120,21 +121,10 @@ pub fn bind(b: &MwBind, qp_pd: u64, qpn: u32) -> std::result::Result<(), String>
         mw_binds: AtomicU32::new(0),
     });
     with_table(|t| {
-        let bound: Vec<u32> = t
-            .iter()
-            .filter(|(k, e)| **k & 0xffff_ff00 == index && e.window.is_some())
-            .map(|(k, _)| *k)
-            .collect();
-        if mw_type == 2 && !bound.is_empty() {
+        if mw_type == 2 && t.iter().any(|(k, e)| k & 0xffff_ff00 == index && e.window.is_some()) {
             return Err("a type-2 window is bound already: invalidate it first".to_owned());
         }
-        for k in bound {
-            if let Some(old) = t.remove(&k) {
-                if let Some(p) = &old.parent {
-                    p.mw_binds.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        }
+        unbind_all(t, index);
         mr.mw_binds.fetch_add(1, Ordering::AcqRel);
         t.insert(b.new_rkey, entry);
         Ok(())
@@ -150,20 +140,28 @@ pub fn bind(b: &MwBind, qp_pd: u64, qpn: u32) -> std::result::Result<(), String>
 }
 
 fn unbind(index: u32) {
-    with_table(|t| {
-        let bound: Vec<u32> = t
-            .iter()
-            .filter(|(k, e)| **k & 0xffff_ff00 == index && e.window.is_some())
-            .map(|(k, _)| *k)
-            .collect();
-        for k in bound {
-            if let Some(old) = t.remove(&k) {
-                if let Some(p) = &old.parent {
-                    p.mw_binds.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
+    with_table(|t| unbind_all(t, index));
+}
+
+/// Removes the key-table entry `key` of a window, releasing its MR.
+fn remove_entry(t: &mut HashMap<u32, Arc<MrInner>>, key: u32) {
+    if let Some(old) = t.remove(&key) {
+        if let Some(p) = &old.parent {
+            p.mw_binds.fetch_sub(1, Ordering::AcqRel);
         }
-    });
+    }
+}
+
+/// Removes every entry of the window with key index `index` (its upper 24 bits).
+pub(crate) fn unbind_all(t: &mut HashMap<u32, Arc<MrInner>>, index: u32) {
+    let bound: Vec<u32> = t
+        .iter()
+        .filter(|(k, e)| *k & 0xffff_ff00 == index && e.window.is_some())
+        .map(|(k, _)| *k)
+        .collect();
+    for k in bound {
+        remove_entry(t, k);
+    }
 }
 
 /// Invalidates the bound window `rkey` of PD `pd_id` (LOCAL_INV, or a peer's
@@ -179,11 +177,7 @@ pub fn invalidate(rkey: u32, pd_id: u64) -> std::result::Result<(), KeyError> {
         if e.pd_id != pd_id {
             return Err(KeyError::WrongPd);
         }
-        if let Some(old) = t.remove(&rkey) {
-            if let Some(p) = &old.parent {
-                p.mw_binds.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
+        remove_entry(t, rkey);
         Ok(())
     })
     .unwrap_or(Err(KeyError::InvalidKey))
