@@ -321,9 +321,12 @@ fn wirecheck(pcap: &Path, wire: Wire) -> Result<(), Failed> {
         Wire::Roce => &["--expect", "roce"],
         Wire::RoceCm => &["--expect", "roce", "--expect", "cm"],
     };
+    let log = pcap.with_file_name("dumpcap.err");
     let out = Command::new(repo().join("tools/wirecheck/wirecheck"))
         .arg(pcap)
         .args(expect)
+        .arg("--dumpcap-log")
+        .arg(&log)
         .output()
         .map_err(|e| format!("cannot run wirecheck: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);

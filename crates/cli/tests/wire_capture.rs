@@ -85,3 +85,34 @@ fn captures_pass_wirecheck_with_and_without_crc() {
     capture(true);
     capture(false);
 }
+
+/// The oracle can fail: its good samples pass and every bad sample fails for its reason
+/// (`tools/wirecheck/selftest.sh`), including FPDUs cut across TCP segments the way Linux
+/// TCP cuts a busy stream.
+#[test]
+#[cfg_attr(softrdma_no_capture_tools, ignore = "needs tshark (apt-get install tshark)")]
+fn wirecheck_passes_good_samples_and_fails_bad_ones() {
+    let dir = tempfile_dir();
+    let script = wirecheck().with_file_name("selftest.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("WIRECHECK_SAMPLES", &dir)
+        .output()
+        .expect("run selftest.sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success() && text.contains("SELFTEST PASS"),
+        "wirecheck selftest failed:\n{text}"
+    );
+}
+
+fn tempfile_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wirecheck-samples-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
