@@ -652,8 +652,8 @@ fn set_option(p: *mut rdma_cm_id, level: c_int, name: c_int, val: *mut c_void, l
 
 /// `rdma_init_qp_attr`: the attributes of `qp_attr->qp_state` for the id's connection, written
 /// over the whole struct as librdmacm does. iWARP (the kernel's `iw_cm_init_qp_attr` plus the
-/// port): INIT and RTR give state, access flags (remote read and write) and port, RTS state and
-/// port. RoCE (the IB CM's): INIT gives P_Key index, port and access (RC) or Q_Key (UD); RTR
+/// port): INIT and RTR give state, access flags (remote read and write) and port, RTS only the
+/// port (no state: the connection moves the QP to RTS). RoCE (the IB CM's): INIT gives P_Key index, port and access (RC) or Q_Key (UD); RTR
 /// and RTS the path, QPN and PSNs, once the REQ (passive side) or REP (active side) arrived.
 fn init_qp_attr(p: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> CResult<c_int> {
     // SAFETY: `p` is an id of this library (C contract).

@@ -167,7 +167,7 @@ pub(crate) fn report(e: CError) {
 
 /// Stores the errno, prints loud errors, and returns the errno value.
 fn fail(e: CError) -> c_int {
-    if e.loud || debug_enabled() {
+    if (e.loud && !quiet()) || debug_enabled() {
         let func = CURRENT.with(Cell::get);
         let desc = std::io::Error::from_raw_os_error(e.errno);
         match &e.msg {
@@ -177,6 +177,12 @@ fn fail(e: CError) -> c_int {
     }
     set_errno(e.errno);
     e.errno
+}
+
+/// `SOFTRDMA_QUIET=1`: the hints of loud errors are not printed (`SOFTRDMA_DEBUG=1` wins).
+fn quiet() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SOFTRDMA_QUIET").is_ok_and(|v| v == "1"))
 }
 
 /// `SOFTRDMA_DEBUG=1`: print every failing call with its reason (not only the loud ones).

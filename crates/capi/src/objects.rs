@@ -794,9 +794,18 @@ fn modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> CResult<()>
         qp.sync_state();
         return Ok(());
     }
+    // ibv_rc_pingpong and perftest on siw_lo only say "Failed to modify QP to RTS": the hint
+    // (connect with rdma_cm, or use rxe_*) is printed.
+    let needs_cm = qp.qp.rts_needs_connection(&a, mask);
     let r = qp.qp.modify(&a, mask);
     qp.sync_state();
-    Ok(r?)
+    r.map_err(|e| {
+        if needs_cm {
+            CError::from(e).loud()
+        } else {
+            CError::from(e)
+        }
+    })
 }
 
 /// The C `struct ibv_qp_attr` of verbs attributes (states from `qp_state` /

@@ -1179,13 +1179,16 @@ impl CmId {
     /// `rdma_init_qp_attr`: the attributes and mask that move a QP the application manages to
     /// `state` (INIT, RTR or RTS) for this id's connection. On RoCE ids RTR and RTS need the
     /// peer's values, so they are available once the REP (active side) or REQ (passive side)
-    /// arrived; iWARP ids get the access flags and port only.
+    /// arrived; iWARP ids get the access flags for INIT and RTR, the port for all three.
     pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, u32)> {
         let st = self.lock();
         let Some(dev) = &st.device else {
             bail!(Inval, "rdma_init_qp_attr: the id has no device yet");
         };
         if dev.transport != TransportKind::Roce {
+            // As the kernel's rdma_init_qp_attr over iw_cm_init_qp_attr: INIT and RTR give
+            // the state and remote access, RTS no state (only the connection moves an iWARP
+            // QP to RTS); all three the port.
             let a = QpAttr {
                 qp_state: Some(state),
                 qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
@@ -1194,7 +1197,7 @@ impl CmId {
             };
             return match state {
                 QpState::Init | QpState::Rtr => Ok((a, attr_mask::STATE | attr_mask::ACCESS_FLAGS | attr_mask::PORT)),
-                QpState::Rts => Ok((a, attr_mask::STATE | attr_mask::PORT)),
+                QpState::Rts => Ok((a, attr_mask::PORT)),
                 s => bail!(Inval, "rdma_init_qp_attr: no attributes for QP state {s}"),
             };
         }

@@ -495,9 +495,25 @@ impl Qp {
         self.inner.state()
     }
 
+    /// Whether `modify(attr, mask)` would ask an iWARP QP without a connection for RTS, which
+    /// only its rdma_cm connection can give it (as Linux siw: EINVAL).
+    pub fn rts_needs_connection(&self, attr: &QpAttr, mask: u32) -> bool {
+        let c = self.inner.core();
+        self.inner.rules == AttrRules::Iwarp
+            && mask & attr_mask::STATE != 0
+            && attr.qp_state == Some(QpState::Rts)
+            && c.state != QpState::Rts
+            && c.driver.is_none()
+    }
+
     /// Modifies the QP (`ibv_modify_qp`).
     pub fn modify(&self, attr: &QpAttr, mask: u32) -> Result<()> {
         let qpn = self.inner.qpn;
+        let iwarp = self.inner.rules == AttrRules::Iwarp;
+        if iwarp && mask == 0 {
+            // As siw: nothing asked, nothing done.
+            return Ok(());
+        }
         let dev = self.inner.pd.context().device().attr();
         let (cur, new, driver) = {
             let mut c = self.inner.core();
@@ -517,8 +533,16 @@ impl Qp {
             } else {
                 cur
             };
-            check_transition(self.inner.rules, self.inner.qp_type, cur, new, mask | attr_mask::STATE)
-                .map_err(|m| Error::inval(format!("modify_qp {qpn}: {m}")))?;
+            if iwarp && new == QpState::Rts && cur != QpState::Rts && c.driver.is_none() {
+                bail!(Inval, "{}", iwarp_rts_hint(qpn, &self.inner.pd.context().device().name));
+            }
+            // siw leaves the state alone when the mask has no IBV_QP_STATE (rdma_init_qp_attr's
+            // RTS mask is the port only); the IBTA rules (RoCE) check the attributes against
+            // the current state.
+            if !(iwarp && mask & attr_mask::STATE == 0) {
+                check_transition(self.inner.rules, self.inner.qp_type, cur, new, mask | attr_mask::STATE)
+                    .map_err(|m| Error::inval(format!("modify_qp {qpn}: {m}")))?;
+            }
             if mask & attr_mask::ACCESS_FLAGS != 0 {
                 check_qp_access(attr.qp_access_flags).map_err(|m| Error::inval(format!("modify_qp {qpn}: {m}")))?;
                 c.attr.qp_access_flags = attr.qp_access_flags;
@@ -589,9 +613,6 @@ impl Qp {
             if mask & attr_mask::DEST_QPN != 0 {
                 a.dest_qp_num = attr.dest_qp_num & 0xff_ffff;
             }
-            // An iWARP QP the application moves to RTS before its connection exists (rping -q,
-            // rdma_init_qp_attr users) keeps its send queue until connect/accept attaches the
-            // connection; nothing is sent before that.
             match new {
                 QpState::Reset => {
                     c.sq.clear();
@@ -928,3 +949,12 @@ impl Qp {
 
 /// Largest inline payload a QP may request.
 pub const MAX_INLINE: u32 = 256;
+
+/// The error of an iWARP QP asked for RTS without a connection, with what to do instead.
+fn iwarp_rts_hint(qpn: u32, device: &str) -> String {
+    format!(
+        "modify_qp {qpn} to RTS: {device} is iWARP, and an iWARP QP reaches RTS only through its \
+         rdma_cm connection (rdma_connect/rdma_accept), as with Linux siw; connect it with rdma_cm, \
+         or use an rxe_* device (e.g. -d rxe_lo -g 0) for verbs-only programs"
+    )
+}
