@@ -9,6 +9,15 @@
 //! LD_LIBRARY_PATH=$(cargo xtask dropin | tail -1) ibv_devinfo -v
 //! ```
 //!
+//! `install [--prefix DIR] [--debug]`: builds the CLI and the drop-in (release unless
+//! `--debug`) and installs `DIR/bin/softrdma` and `DIR/lib/softrdma/` (the library and its
+//! symlinks; default `DIR` is `~/.local`). `softrdma env` and `softrdma run` find that directory
+//! from the binary's own path:
+//!
+//! ```sh
+//! cargo xtask install && ~/.local/bin/softrdma run -- ibv_devinfo -v
+//! ```
+//!
 //! `abi [--check]`: regenerates the drop-in's ABI tables from the installed rdma-core (see
 //! `abi.rs`).
 //!
@@ -41,6 +50,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("dropin") => dropin(&args[1..]),
+        Some("install") => install(&args[1..]),
         Some("abi") => abi::run(&args[1..]),
         Some("-h" | "--help") | None => {
             println!("{}", usage());
@@ -62,6 +72,8 @@ fn usage() -> &'static str {
      builds the drop-in C library and prints the directory to put in LD_LIBRARY_PATH\n  \
      --asan: AddressSanitizer build (debug unless --release); run programs with\n  \
      LD_PRELOAD=$(gcc -print-file-name=libasan.so)\n\
+     usage: cargo xtask install [--prefix DIR] [--debug]\n  \
+     installs DIR/bin/softrdma and the drop-in in DIR/lib/softrdma (DIR: ~/.local)\n\
      usage: cargo xtask abi [--check]\n  \
      regenerates crates/capi/abi/exports.txt and crates/capi/src/generated_stubs.rs from the\n  \
      installed rdma-core libraries (--check: fail if they are out of date)"
@@ -160,6 +172,62 @@ fn dropin(args: &[String]) -> Result<(), String> {
         eprintln!("xtask: ASan build: preload the runtime, e.g. LD_PRELOAD=$(gcc -print-file-name=libasan.so)");
     }
     println!("{}", dir.display());
+    Ok(())
+}
+
+/// `install`: the CLI in `PREFIX/bin`, the drop-in in `PREFIX/lib/softrdma`.
+fn install(args: &[String]) -> Result<(), String> {
+    let mut release = true;
+    let mut prefix: Option<PathBuf> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--debug" => release = false,
+            "--prefix" => prefix = Some(it.next().ok_or("--prefix needs a directory")?.into()),
+            other => return Err(format!("unknown option `{other}`\n{}", usage())),
+        }
+    }
+    let prefix = match prefix {
+        Some(p) => p,
+        None => PathBuf::from(std::env::var_os("HOME").ok_or("HOME is not set: give --prefix DIR")?).join(".local"),
+    };
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let target = if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    };
+    let profile = if release { "release" } else { "debug" };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args(["build", "-p", "softrdma-cli", "-p", "softrdma-capi"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "cargo build of softrdma-cli and softrdma-capi failed ({status})"
+        ));
+    }
+    let bin_dir = prefix.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(|e| format!("cannot create {}: {e}", bin_dir.display()))?;
+    let built = target.join(profile).join("softrdma");
+    let tmp = bin_dir.join(".softrdma.tmp");
+    std::fs::copy(&built, &tmp).map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), tmp.display()))?;
+    let bin = bin_dir.join("softrdma");
+    std::fs::rename(&tmp, &bin).map_err(|e| format!("cannot rename to {}: {e}", bin.display()))?;
+    let lib_dir = prefix.join("lib").join("softrdma");
+    populate(&target.join(profile).join(LIB), &lib_dir)?;
+    eprintln!("xtask: installed {} and {}/", bin.display(), lib_dir.display());
+    eprintln!(
+        "xtask: run programs with `{} run -- CMD`, or eval \"$({} env)\"",
+        bin.display(),
+        bin.display()
+    );
+    println!("{}", prefix.display());
     Ok(())
 }
 

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod cmatose;
 mod devices;
+mod dropin;
 mod perf;
 mod rping;
 mod scale;
@@ -36,6 +37,10 @@ enum Command {
     Soak(soak::SoakArgs),
     /// Many RC connections between two processes (and connection bursts at a listener).
     Scale(scale::ScaleArgs),
+    /// Print the shell lines that make programs load softrdma: eval "$(softrdma env)".
+    Env(dropin::EnvArgs),
+    /// Run an unmodified RDMA program over softrdma: softrdma run -- ibv_devinfo -v.
+    Run(dropin::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +53,8 @@ fn main() -> ExitCode {
         Command::Rping(args) => return rping::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::Scale(args) => scale::run(&args),
+        Command::Env(args) => dropin::env(&args),
+        Command::Run(args) => return dropin::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
