@@ -14,11 +14,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 echo "== softrdma devices"
 "$bin" devices
 
-echo; echo "== softrdma cmatose -b 127.0.0.1 (server) / -s 127.0.0.1 (client), CM events shown"
+echo; echo "== softrdma cmatose -b 127.0.0.1 (server) / -s 127.0.0.1 (client), CM events shown, every byte verified"
 port=$(free_port)
-"$bin" cmatose -b 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  server| /' & pids+=($!)
+"$bin" cmatose -b 127.0.0.1 -p "$port" -C 5 -v --verify | sed 's/^/  server| /' & pids+=($!)
 sleep 0.3
-"$bin" cmatose -s 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  client| /'
+"$bin" cmatose -s 127.0.0.1 -p "$port" -C 5 -v --verify | sed 's/^/  client| /'
 wait "${pids[-1]}"
 
 echo; echo "== softrdma rping -s / -c -a 127.0.0.1 -C 3 -V -v"
@@ -42,9 +42,9 @@ done
 
 echo; echo "== soft-RoCEv2: the same CM session over rxe_lo (IB CM MADs on UDP 4791), SOFTRDMA_TRANSPORTS=roce"
 port=$(free_port)
-SOFTRDMA_TRANSPORTS=roce "$bin" cmatose -b 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  server| /' & pids+=($!)
+SOFTRDMA_TRANSPORTS=roce "$bin" cmatose -b 127.0.0.1 -p "$port" -C 5 -v --verify | sed 's/^/  server| /' & pids+=($!)
 sleep 0.3
-SOFTRDMA_TRANSPORTS=roce "$bin" cmatose -s 127.0.0.1 -p "$port" -C 5 -v | sed 's/^/  client| /'
+SOFTRDMA_TRANSPORTS=roce "$bin" cmatose -s 127.0.0.1 -p "$port" -C 5 -v --verify | sed 's/^/  client| /'
 wait "${pids[-1]}"
 
 echo; echo "== softrdma perf write-bw -d rxe_lo (RC over UDP, data verified)"

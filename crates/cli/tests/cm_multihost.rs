@@ -137,13 +137,13 @@ fn cross_host_connect_and_data() {
     let srv = server(
         &lan,
         0,
-        &["cmatose", "-b", &h1, "-p", PORT, "-c", "2", "-C", "20"],
+        &["cmatose", "--verify", "-b", &h1, "-p", PORT, "-c", "2", "-C", "20"],
         "listening",
     );
     let (ok, text, _) = client(
         &lan,
         1,
-        &["cmatose", "-s", &h1, "-p", PORT, "-c", "2", "-C", "20"],
+        &["cmatose", "--verify", "-s", &h1, "-p", PORT, "-c", "2", "-C", "20"],
         Duration::from_secs(60),
     );
     assert!(ok, "cmatose across hosts failed:\n{text}");

@@ -140,12 +140,12 @@ fn assert_ok(who: &str, f: &Finished) {
 /// Runs a cmatose server with `server_args` and a client with `client_args` on a fresh port.
 fn cmatose_pair(server_args: &[&str], client_args: &[&str]) -> (Finished, Finished) {
     let port = free_port().to_string();
-    let mut sargs = vec!["cmatose", "-p", &port];
+    let mut sargs = vec!["cmatose", "--verify", "-p", &port];
     sargs.extend_from_slice(server_args);
     let mut server = Proc::spawn(&sargs, None);
     let listening = server.wait_line("cmatose: listening on", Duration::from_secs(10));
     assert!(listening.is_some(), "the cmatose server did not report listening");
-    let mut cargs = vec!["cmatose", "-p", &port];
+    let mut cargs = vec!["cmatose", "--verify", "-p", &port];
     cargs.extend_from_slice(client_args);
     let client = run(&cargs, None);
     let server = server.finish(RUN_LIMIT);

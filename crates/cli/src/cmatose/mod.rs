@@ -53,6 +53,10 @@ pub struct CmatoseArgs {
     /// Print every RDMA CM event as it arrives.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
+    /// Check every received byte against the message pattern this tool sends (both sides must
+    /// be `softrdma cmatose`: rdma-core's ucmatose sends its buffers as they are, unfilled).
+    #[arg(long = "verify")]
+    pub verify: bool,
 }
 
 /// Set by `-v`: print each CM event.
@@ -107,11 +111,13 @@ impl Failure {
     }
 }
 
-/// What the data phase moves: `count` messages of `size` bytes per connection.
+/// What the data phase moves: `count` messages of `size` bytes per connection; `verify`
+/// checks their contents (lengths are always checked).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Messages {
     pub count: u32,
     pub size: u32,
+    pub verify: bool,
 }
 
 /// Period of the message pattern (a prime, so neighbouring messages differ everywhere).
@@ -193,7 +199,11 @@ fn check(args: &CmatoseArgs) -> Result<Messages, Failure> {
         )));
     }
     let count = if args.size == 0 { 0 } else { args.messages };
-    let msgs = Messages { count, size: args.size };
+    let msgs = Messages {
+        count,
+        size: args.size,
+        verify: args.verify,
+    };
     let total = 2 * u64::from(args.connections) * u64::from(count) * u64::from(args.size);
     if total > MAX_BUFFER_BYTES {
         return Err(Failure::new(format!(

@@ -157,7 +157,7 @@ impl Node {
         Ok(flushed)
     }
 
-    /// Waits for every receive, in order, and checks its length and contents.
+    /// Waits for every receive, in order, and checks its length (and with `--verify` its contents).
     pub fn complete_recvs(&self, msgs: Messages) -> Result<(), Failure> {
         let res = self.res()?;
         let Some(mr) = &res.recv_mr else { return Ok(()) };
@@ -173,6 +173,9 @@ impl Node {
                     wc.byte_len,
                     msgs.size
                 )));
+            }
+            if !msgs.verify {
+                continue;
             }
             mr.read(slot(msgs, i), &mut got)
                 .map_err(|e| self.fail("read message", &e))?;
