@@ -13,7 +13,8 @@ use crate::error::{non_null, ret_ptr, CError, CResult};
 use crate::objects::{create_cq_with, SoftCq};
 
 /// `enum ibv_create_cq_wc_flags` this CQ can report: byte_len, imm_data, qp_num, src_qp,
-/// slid, sl, dlid_path_bits (the last three are 0 on Ethernet ports).
+/// slid, sl, dlid_path_bits (slid and dlid_path_bits are 0 on Ethernet ports; sl, see
+/// `WorkCompletion::sl`).
 const SUPPORTED_WC_FLAGS: u64 = 0x7f;
 /// `enum ibv_cq_init_attr_mask`: `IBV_CQ_INIT_ATTR_MASK_FLAGS`, `_PD`.
 const MASK_FLAGS: u32 = 1;
@@ -195,9 +196,9 @@ c_fn! {
         read(cq, |_| 0)
     }
 
-    /// `ibv_wc_read_sl`: 0.
+    /// `ibv_wc_read_sl`: 0, or a RoCE UD receive's L3 header type (see `WorkCompletion::sl`).
     fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
-        read(cq, |_| 0)
+        read(cq, |w| w.sl)
     }
 
     /// `ibv_wc_read_dlid_path_bits`: 0.

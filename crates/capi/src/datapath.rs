@@ -50,7 +50,7 @@ fn wc_to_c(w: &WorkCompletion) -> ibv_wc {
         wc_flags: w.wc_flags,
         pkey_index: w.pkey_index,
         slid: 0,
-        sl: 0,
+        sl: w.sl,
         dlid_path_bits: 0,
     }
 }

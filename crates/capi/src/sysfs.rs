@@ -16,61 +16,20 @@ use std::io::Read as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 
-use softrdma_verbs::device::{format_guid, DeviceInfo, PortState, TransportKind};
+use softrdma_verbs::device::{sysfs_file, DeviceInfo, SysfsMiss};
 
 use crate::device::by_ibdev_path;
 use crate::error::{non_null, ret_neg1, CError, CResult};
 
 /// The contents of `file` (relative to the device directory) in the emulated sysfs tree of
-/// `dev`, without the trailing newline; ENOENT for a file the tree does not have, EINVAL for
-/// a `gid_attrs` file of an empty GID slot (as the kernel).
+/// `dev` (`softrdma_verbs::device::sysfs_file`), without the trailing newline; ENOENT for a
+/// file the tree does not have, EINVAL for a `gid_attrs` file of an empty GID slot (as the
+/// kernel).
 pub(crate) fn emulated(dev: &DeviceInfo, file: &str) -> CResult<String> {
-    let enoent = || CError::new(libc::ENOENT, format!("{}: no emulated sysfs file {file}", dev.name));
-    let file = file.trim_start_matches('/');
-    let port = dev.port_attr();
-    let attr = dev.attr();
-    let index = |s: &str| s.parse::<usize>().ok().filter(|i| s == i.to_string());
-    let gid_slot = |s: &str| index(s).filter(|&i| i < usize::try_from(port.gid_tbl_len).unwrap_or(0));
-    let text = match file {
-        "node_type" => match dev.transport {
-            TransportKind::Iwarp => "4: RNIC".to_owned(),
-            TransportKind::Roce => "1: CA".to_owned(),
-        },
-        "node_guid" => format_guid(attr.node_guid),
-        "sys_image_guid" => format_guid(attr.sys_image_guid),
-        "fw_ver" => attr.fw_ver,
-        "ports/1/link_layer" => "Ethernet".to_owned(),
-        "ports/1/state" => format!("{}: {}", port.state as u8, port.state),
-        "ports/1/phys_state" => match port.state {
-            PortState::Active => format!("{}: LinkUp", port.phys_state),
-            _ => format!("{}: Disabled", port.phys_state),
-        },
-        "ports/1/lid" => format!("{:#x}", port.lid),
-        "ports/1/sm_lid" => format!("{:#x}", port.sm_lid),
-        "ports/1/lid_mask_count" => port.lmc.to_string(),
-        "ports/1/cap_mask" => format!("0x{:08x}", port.port_cap_flags),
-        _ => {
-            if let Some(i) = file.strip_prefix("ports/1/gids/").and_then(gid_slot) {
-                dev.gid(i).unwrap_or_default().to_string()
-            } else if let Some(i) = file.strip_prefix("ports/1/gid_attrs/types/").and_then(gid_slot) {
-                let ty = dev
-                    .gid_type(i)
-                    .ok_or_else(|| CError::inval(format!("GID {i} is empty")))?;
-                ty.sysfs_str().to_owned()
-            } else if let Some(i) = file.strip_prefix("ports/1/gid_attrs/ndevs/").and_then(gid_slot) {
-                dev.gid(i).ok_or_else(|| CError::inval(format!("GID {i} is empty")))?;
-                dev.netdev.clone()
-            } else if let Some(i) = file.strip_prefix("ports/1/pkeys/").and_then(index) {
-                if i >= usize::from(port.pkey_tbl_len) {
-                    return Err(enoent());
-                }
-                "0xffff".to_owned()
-            } else {
-                return Err(enoent());
-            }
-        }
-    };
-    Ok(text)
+    sysfs_file(dev, file).map_err(|miss| match miss {
+        SysfsMiss::NoFile { .. } => CError::new(libc::ENOENT, miss.to_string()),
+        SysfsMiss::EmptyGid { .. } => CError::inval(miss.to_string()),
+    })
 }
 
 /// Copies `text` plus a newline into `buf` as one `read` of a file with that content would,
@@ -175,7 +134,7 @@ mod tests {
     }
 
     fn rxe_lo() -> DeviceInfo {
-        use softrdma_verbs::device::IfAddr;
+        use softrdma_verbs::device::{IfAddr, PortState, TransportKind};
         let addr = |ip: &str| IfAddr {
             ip: ip.parse().unwrap(),
             prefix_len: 8,
@@ -234,7 +193,7 @@ mod tests {
     fn emulated_tree_of_an_iwarp_device() {
         let mut d = rxe_lo();
         d.name = "siw_lo".into();
-        d.transport = TransportKind::Iwarp;
+        d.transport = softrdma_verbs::device::TransportKind::Iwarp;
         assert_eq!(emulated(&d, "node_type").unwrap(), "4: RNIC");
         assert_eq!(emulated(&d, "ports/1/gid_attrs/types/0").unwrap(), "IB/RoCE v1");
         assert_eq!(emulated(&d, "ports/1/link_layer").unwrap(), "Ethernet");

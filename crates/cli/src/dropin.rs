@@ -3,7 +3,8 @@
 //!
 //! The drop-in directory is found, in order, at `$SOFTRDMA_DROPIN_DIR`, `<bin>/../lib/softrdma`
 //! (what `cargo xtask install` lays out), and `<bin>/../dropin` or `<bin>/../dropin-debug` (a
-//! repository's `target/`, filled by `cargo xtask dropin`).
+//! repository's `target/`, filled by `cargo xtask dropin`). `run` also gives the command the
+//! `/dev/infiniband` nodes UCX looks for (`crate::rdma_view`).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -33,6 +34,10 @@ pub struct EnvArgs {}
 /// `softrdma run`: runs a program over softrdma.
 #[derive(Args)]
 pub struct RunArgs {
+    /// Do not provide `/dev/infiniband/softrdma<N>` and `/sys/class/infiniband` (for UCX) in a
+    /// private mount namespace.
+    #[arg(long)]
+    no_dev_nodes: bool,
     /// The program and its arguments (after `--`), e.g. `softrdma run -- ibv_devinfo -v`.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
@@ -98,6 +103,18 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !args.no_dev_nodes {
+        // UCX lists a verbs device only if its /dev/infiniband node exists (crate::rdma_view)
+        match crate::rdma_view::provide(crate::rdma_view::node_count()) {
+            Ok(p) => tracing::debug!("softrdma run: device nodes: {p:?}"),
+            Err(e) if std::env::var("SOFTRDMA_QUIET").is_ok_and(|v| v == "1") => {
+                tracing::debug!("softrdma run: no device nodes: {e}")
+            }
+            Err(e) => eprintln!(
+                "softrdma run: UCX will not list softrdma devices: no /dev/infiniband nodes or sysfs files: {e}"
+            ),
+        }
+    }
     let (prog, rest) = match args.command.split_first() {
         Some(p) => p,
         None => return ExitCode::FAILURE,

@@ -8,6 +8,7 @@ mod cmatose;
 mod devices;
 mod dropin;
 mod perf;
+mod rdma_view;
 mod rping;
 mod scale;
 mod soak;

@@ -383,6 +383,10 @@ pub struct WorkCompletion {
     pub pkey_index: u16,
     /// Solicited event requested by the sender (receives).
     pub solicited: bool,
+    /// `ibv_wc.sl`. Ethernet ports have no service level; a RoCE UD receive reports there
+    /// the datagram's L3 header type as mlx5 does (bit 3: UDP, bits 2..0: 1 IPv6, 2 IPv4),
+    /// which UCX's UD transport reads to find the destination address in the GRH.
+    pub sl: u8,
 }
 
 impl WorkCompletion {
@@ -397,6 +401,7 @@ impl WorkCompletion {
             imm_data: 0,
             qp_num,
             src_qp: 0,
+            sl: 0,
             wc_flags: 0,
             pkey_index: 0,
             solicited: false,

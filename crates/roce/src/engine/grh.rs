@@ -51,6 +51,17 @@ pub(crate) fn build(src: &UdSource, udp_payload: usize) -> [u8; GRH_LEN] {
     g
 }
 
+/// What a UD receive completion reports in `sl` for a datagram from `src` (mlx5's encoding of
+/// the RoCE packet type, which UCX relies on): RoCEv2 always has UDP (bit 3), then 2 for an
+/// IPv4 header, 1 for IPv6, matching what [`build`] writes.
+pub(crate) fn l3_type(src: &UdSource) -> u8 {
+    const UDP: u8 = 0x8;
+    match (src.src_ip, src.dst_ip) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => UDP | 0x2,
+        _ => UDP | 0x1,
+    }
+}
+
 /// The Internet checksum of an IPv4 header whose checksum field is zero.
 pub(crate) fn ipv4_checksum(header: &[u8]) -> u16 {
     let mut sum: u32 = header
@@ -78,6 +89,7 @@ mod tests {
         };
         let g = build(&src, 0x73 - 28);
         assert_eq!(&g[..20], &[0u8; 20]);
+        assert_eq!(l3_type(&src), 0x8 | 0x2, "mlx5's code for RoCEv2 over IPv4");
         // The classic example header (RFC 1071 style) with id 0x1c46 replaced by 0: recompute.
         let ip = &g[20..];
         assert_eq!(ip[0], 0x45);

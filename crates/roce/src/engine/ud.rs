@@ -144,6 +144,7 @@ impl UdEngine {
             wc.byte_len = total as u32;
             wc.wc_flags = wc_flags::GRH;
             wc.src_qp = deth.src_qp;
+            wc.sl = grh::l3_type(src);
             wc.solicited = bth.solicited;
             if let Some(imm) = h.imm {
                 wc.wc_flags |= wc_flags::WITH_IMM;

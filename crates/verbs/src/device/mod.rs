@@ -14,6 +14,7 @@ mod discover;
 mod gid;
 mod info;
 mod netif;
+mod sysfs;
 mod transport;
 
 pub use attrs::{limits, AtomicCap, DeviceAttr, Mtu, PortAttr, PortState};
@@ -22,4 +23,5 @@ pub use discover::{default_devices, device_for_ip, devices_from, find_device, li
 pub use gid::{format_guid, gid_to_ip, Gid, GidType};
 pub use info::{DeviceInfo, LOOPBACK_DISABLED_BY_CONFIG};
 pub use netif::{list_interfaces, IfAddr, IfFlags, NetIf};
+pub use sysfs::{sysfs_file, sysfs_files, SysfsMiss};
 pub use transport::{TransportKind, TRANSPORTS_ENV};
