@@ -286,6 +286,20 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
             attempt += 1;
             continue;
         }
+        // rping's server exits from main after rdma_destroy_event_channel while its cm thread
+        // may still loop back to rdma_get_cm_event on the destroyed channel (EBADF from the
+        // kernel, EINVAL here): a race in rping itself, after a complete, verified run.
+        let softrdma_log = res.join(if dir == "k2s" { "client.log" } else { "server.log" });
+        let ours = std::fs::read_to_string(&softrdma_log).unwrap_or_default();
+        let rping_race =
+            ours.contains("DISCONNECT EVENT") && ours.trim_end().ends_with("rdma_get_cm_event: Invalid argument");
+        if !verdict.contains(" PASS ") && attempt == 1 && rping_race && verdict.contains("client rc 0") {
+            println!(
+                "    (rping's cm thread read its destroyed event channel after the run: rping's exit race; once more)"
+            );
+            attempt += 1;
+            continue;
+        }
         break (text, verdict);
     };
     if !verdict.contains(" PASS ") {
