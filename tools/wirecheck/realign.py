@@ -72,7 +72,8 @@ def parse_tcp(data):
     return t
 
 
-def _csum(data):
+def internet_checksum(data):
+    """The 16-bit one's complement checksum of IP/TCP/UDP headers (RFC 1071)."""
     if len(data) % 2:
         data += b"\0"
     s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
@@ -89,7 +90,7 @@ def build_segment(t, seq, flags, payload):
         pseudo = t.src + t.dst + struct.pack("!IxxxB", len(seg), 6)
     else:
         pseudo = t.src + t.dst + struct.pack("!xBH", 6, len(seg))
-    seg[16:18] = struct.pack("!H", _csum(pseudo + bytes(seg)))
+    seg[16:18] = struct.pack("!H", internet_checksum(pseudo + bytes(seg)))
     if t.v6:
         ip = t.ip[:4] + struct.pack("!HBB", len(seg), 6, t.ip[7]) + t.src + t.dst
     else:
@@ -97,7 +98,7 @@ def build_segment(t, seq, flags, payload):
                                     struct.unpack("!H", t.ip[4:6])[0],
                                     struct.unpack("!H", t.ip[6:8])[0] & 0x4000, t.ip[8], 6, 0)
                         + t.src + t.dst)
-        hdr[10:12] = struct.pack("!H", _csum(bytes(hdr)))
+        hdr[10:12] = struct.pack("!H", internet_checksum(bytes(hdr)))
         ip = bytes(hdr)
     return t.l2 + ip + bytes(seg)
 

@@ -79,6 +79,16 @@ fn usage() -> &'static str {
      installed rdma-core libraries (--check: fail if they are out of date)"
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace) or `target`.
+fn target_dir(root: &Path) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    }
+}
+
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -104,12 +114,7 @@ fn dropin(args: &[String]) -> Result<(), String> {
     let release = release.unwrap_or(!asan);
 
     let root = workspace_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let target = if target.is_absolute() {
-        target
-    } else {
-        root.join(target)
-    };
+    let target = target_dir(&root);
     let profile = if release { "release" } else { "debug" };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -192,12 +197,7 @@ fn install(args: &[String]) -> Result<(), String> {
         None => PathBuf::from(std::env::var_os("HOME").ok_or("HOME is not set: give --prefix DIR")?).join(".local"),
     };
     let root = workspace_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    let target = if target.is_absolute() {
-        target
-    } else {
-        root.join(target)
-    };
+    let target = target_dir(&root);
     let profile = if release { "release" } else { "debug" };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
