@@ -25,7 +25,21 @@ fn text(o: &Output) -> String {
 /// `cargo xtask install --debug --prefix <prefix>` (debug: the build the tests already made).
 fn install(prefix: &Path) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    if std::env::var("RUSTFLAGS").is_ok_and(|f| f.contains("sanitizer")) {
+        // scripts/asan.sh runs the tests with its instrumented build's settings; what a user
+        // installs is the plain build
+        for v in [
+            "RUSTFLAGS",
+            "RUSTDOCFLAGS",
+            "RUSTC_BOOTSTRAP",
+            "CARGO_TARGET_DIR",
+            "CARGO_ENCODED_RUSTFLAGS",
+        ] {
+            cargo.env_remove(v);
+        }
+    }
+    let out = cargo
         .current_dir(&root)
         .args(["xtask", "install", "--debug", "--prefix"])
         .arg(prefix)
