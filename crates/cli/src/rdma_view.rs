@@ -130,6 +130,15 @@ fn cover(dir: &Path, old: &Path) -> Result<(), DevNodeError> {
 fn rebuild_sys_class(old: &Path, devices: &[softrdma_verbs::device::DeviceInfo]) -> Result<(), DevNodeError> {
     let class = Path::new("/sys/class");
     cover(class, old)?;
+    add_sysfs_trees(class, devices).inspect_err(|_| uncover(class))
+}
+
+/// Takes a cover off again (a rebuild that failed): the command then sees the real directory.
+fn uncover(dir: &Path) {
+    let _ = umount2(dir, MntFlags::MNT_DETACH);
+}
+
+fn add_sysfs_trees(class: &Path, devices: &[softrdma_verbs::device::DeviceInfo]) -> Result<(), DevNodeError> {
     for (i, dev) in devices.iter().enumerate() {
         let root = class.join("infiniband").join(&dev.name);
         for file in softrdma_verbs::device::sysfs_files(dev) {
@@ -153,6 +162,10 @@ fn rebuild_sys_class(old: &Path, devices: &[softrdma_verbs::device::DeviceInfo])
 fn rebuild_dev(old: &Path, count: usize) -> Result<(), DevNodeError> {
     let dev = Path::new("/dev");
     cover(dev, old)?;
+    add_nodes(dev, old, count).inspect_err(|_| uncover(dev))
+}
+
+fn add_nodes(dev: &Path, old: &Path, count: usize) -> Result<(), DevNodeError> {
     if !is_char_device(&dev.join("null")) {
         return Err(io(
             "restore",
