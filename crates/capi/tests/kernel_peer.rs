@@ -121,6 +121,26 @@ const KILL: &[Case] = &[
     case("roce-rping-long", Transport::Rxe, Wire::RoceCm),
 ];
 
+/// A kernel peer that refuses a request: `bad_rkey_read` (tests/c) READs with an rkey the
+/// kernel's rping server never gave out; siw answers with a Terminate, rxe with a NAK, and the
+/// drop-in must report IBV_WC_REM_ACCESS_ERR, then flush, within bounds (k2s only).
+const PEER_ERROR: &[Case] = &[
+    case("iw-bad-rkey", Transport::Siw, Wire::Iwarp),
+    case("roce-bad-rkey", Transport::Rxe, Wire::RoceCm),
+];
+
+/// The built `tests/c/bad_rkey_read.c`, linked with Debian's libraries (the drop-in replaces
+/// them at run time).
+fn probe() -> &'static Path {
+    static PROBE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PROBE.get_or_init(|| {
+        common::compile_c_linked(
+            "bad_rkey_read",
+            &[std::ffi::OsStr::new("-lrdmacm"), std::ffi::OsStr::new("-libverbs")],
+        )
+    })
+}
+
 /// The guest's address (tools/kernel-peer/config.sh, KPEER_GUEST_IP).
 const GUEST_IP: &str = "198.18.99.2";
 
@@ -243,6 +263,7 @@ enum Mode {
     Matrix,
     Loss,
     Kill,
+    PeerError,
 }
 
 fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
@@ -261,6 +282,18 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
             ".loss2",
         ),
         Mode::Kill => (&[("KPEER_KILL_AFTER", "4"), ("KPEER_KILL_BOUND", "30")], ".kill"),
+        Mode::PeerError => (&[("KPEER_T_SRV", "45"), ("KPEER_T_CLI", "40")], ""),
+    };
+    let probe_env;
+    let extra: &[(&str, &str)] = if mode == Mode::PeerError {
+        probe_env = [
+            extra,
+            &[("KPEER_PROBE", probe().to_str().ok_or("probe path is not UTF-8")?)],
+        ]
+        .concat();
+        &probe_env
+    } else {
+        extra
     };
     let bound = Duration::from_secs(if mode == Mode::Loss { 480 } else { 240 });
     let res = run.dir.join("results").join(format!("{}.{dir}{suffix}", case.name));
@@ -315,7 +348,15 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
         )
         .into());
     }
-    if mode != Mode::Matrix {
+    if mode == Mode::PeerError && !tail(&res.join("client.log"), 1).starts_with("PASSED") {
+        return Err(format!(
+            "{} {dir}: the probe did not pass:\n{}",
+            case.name,
+            tail(&res.join("client.log"), 20)
+        )
+        .into());
+    }
+    if mode != Mode::Matrix && mode != Mode::PeerError {
         // Drops are not captured consistently on the tap (output drops never reach it), so
         // the capture has holes by design; the tools checked every byte. A killed peer leaves
         // a torn stream.
@@ -499,20 +540,26 @@ fn main() {
     let under_ci = std::env::var_os("CI").is_some();
     let mut trials = vec![];
     // Grouped by transport: the guest boots once for each.
-    let mut all: Vec<(&'static Case, Mode)> = [(MATRIX, Mode::Matrix), (LOSS, Mode::Loss), (KILL, Mode::Kill)]
-        .into_iter()
-        .flat_map(|(cases, mode)| cases.iter().map(move |c| (c, mode)))
-        .collect();
+    let mut all: Vec<(&'static Case, Mode)> = [
+        (MATRIX, Mode::Matrix),
+        (LOSS, Mode::Loss),
+        (KILL, Mode::Kill),
+        (PEER_ERROR, Mode::PeerError),
+    ]
+    .into_iter()
+    .flat_map(|(cases, mode)| cases.iter().map(move |c| (c, mode)))
+    .collect();
     all.sort_by_key(|(c, _)| c.transport == Transport::Rxe);
     for (c, mode) in all {
         for (label, dir) in DIRS {
-            if mode == Mode::Kill && dir != "k2s" {
+            if matches!(mode, Mode::Kill | Mode::PeerError) && dir != "k2s" {
                 continue;
             }
             let name = match mode {
                 Mode::Matrix => format!("{}::{}::{label}", c.transport.link(), c.name),
                 Mode::Loss => format!("loss::{}::{label}", c.name),
                 Mode::Kill => format!("peer_killed::{}", c.name),
+                Mode::PeerError => format!("peer_error::{}", c.name),
             };
             let why = missing.clone();
             if let (Some(known), false) = (c.known, args.list) {

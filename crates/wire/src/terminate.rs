@@ -13,11 +13,21 @@
 //!
 //! The 16-bit length slot directly precedes the terminated DDP header, as it
 //! does in the FPDU the error was found in. It is present when D is set (the
-//! layout Wireshark decodes, and Linux siw sends with M and D together) and
+//! layout Wireshark decodes; Linux siw sets M, D and R, in its own bit order) and
 //! when M is set (Intel nes/i40iw send M alone with just the length). The
 //! value is only meaningful with M ("DDP Segment Length valid"): with D but no
 //! M it is sent as zero and ignored on receive. Reserved bits and bytes after
 //! the last present field are ignored on receive.
+//!
+//! Linux siw declares the control word as C bitfields in a `__be32`, so on a
+//! little-endian host it sends Layer in the *low* nibble of the first byte and
+//! EType in the high one, and M, D, R in bits 0, 1, 2 of the third byte (a
+//! READ with a bad STag, as captured from Linux 6.1 siw: `10 00 07 00`, then
+//! the length slot and both copied headers). RFC senders never set those three
+//! reserved bits; when they are set and the RFC's HdrCt bits are clear, the
+//! message is read in siw's order. A siw Terminate without copied headers
+//! (RDMAP catastrophic, LLP errors) cannot be told apart and is read in the
+//! RFC's order; both readings of those map to the same completion status.
 
 use crate::ddp::{DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN};
 use crate::error::{be16, need, WireError};
@@ -28,6 +38,10 @@ pub const TERMINATE_HDR_LEN: usize = 4;
 const HDRCT_M: u8 = 0x80;
 const HDRCT_D: u8 = 0x40;
 const HDRCT_R: u8 = 0x20;
+/// Where Linux siw's little-endian bitfields put M, D and R (see the module text).
+const SIW_LE_M: u8 = 0x01;
+const SIW_LE_D: u8 = 0x02;
+const SIW_LE_R: u8 = 0x04;
 
 /// The layer that detected the error (high nibble of the first byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,9 +108,15 @@ impl Terminate {
     /// Parses a Terminate payload (the ULPDU after the 18-byte untagged header).
     pub fn parse(b: &[u8]) -> Result<Terminate, WireError> {
         need("Terminate header", b, TERMINATE_HDR_LEN)?;
-        let layer = TermLayer::from_u8(b[0] >> 4)?;
-        let hdrct = b[2];
-        let mut t = Terminate::new(layer, b[0] & 0x0F, b[1]);
+        let siw_le = b[2] & (HDRCT_M | HDRCT_D | HDRCT_R) == 0 && b[2] & (SIW_LE_M | SIW_LE_D | SIW_LE_R) != 0;
+        let (layer, etype, hdrct) = if siw_le {
+            let bit = |set: u8, f: u8| if b[2] & set != 0 { f } else { 0 };
+            let hdrct = bit(SIW_LE_M, HDRCT_M) | bit(SIW_LE_D, HDRCT_D) | bit(SIW_LE_R, HDRCT_R);
+            (b[0] & 0x0F, b[0] >> 4, hdrct)
+        } else {
+            (b[0] >> 4, b[0] & 0x0F, b[2])
+        };
+        let mut t = Terminate::new(TermLayer::from_u8(layer)?, etype, b[1]);
         let mut at = TERMINATE_HDR_LEN;
         if hdrct & (HDRCT_M | HDRCT_D) != 0 {
             need("Terminate DDP Segment Length", b, at + 2)?;
@@ -276,6 +296,39 @@ mod tests {
         t.emit(&mut out);
         assert_eq!(out.len(), 32);
         assert_eq!(Terminate::parse(&out).unwrap(), t);
+    }
+
+    /// The Terminate Linux 6.1 siw (x86) sent for a READ whose source STag
+    /// 0xfffffe42 it never gave out (kernel_peer `peer_error::iw-bad-rkey`):
+    /// its little-endian bit order, then the length slot, the Read Request's
+    /// untagged DDP header (siw puts the READ's length, 0x1000, in its MSN) and
+    /// its RDMAP header.
+    const SIW_LE_TERMINATE: &str = "1000070000004141000000000000000100001000000000003758790000005\
+         5bfbae2610000001000fffffe420000000000001000";
+
+    #[test]
+    fn linux_siw_little_endian_terminate() {
+        let b = hex(SIW_LE_TERMINATE);
+        let t = Terminate::parse(&b).unwrap();
+        assert_eq!(t.layer, TermLayer::Rdmap);
+        assert_eq!(t.etype, term::rdmap::REMOTE_PROTECTION);
+        assert_eq!(t.ecode, term::rdmap::INVALID_STAG);
+        assert_eq!(t.ddp_segment_len, Some(0));
+        assert_eq!(t.ddp_header, Some(b[6..24].to_vec()));
+        let rreq = t.rdmap_header.as_deref().unwrap();
+        assert_eq!(rreq.len(), 28);
+        assert_eq!(&rreq[16..20], &[0xff, 0xff, 0xfe, 0x42]); // the source STag
+        assert_eq!(t.describe(), "RDMAP remote protection error: invalid STag");
+        // What softrdma sends for the same error is the RFC's order, and reads back the same.
+        let mut out = Vec::new();
+        t.emit(&mut out);
+        assert_eq!(&out[..4], &[0x01, 0x00, 0xE0, 0x00]);
+        assert_eq!(Terminate::parse(&out).unwrap(), t);
+        // Only the low three bits mark siw's order: other reserved bits change nothing.
+        let mut rfc = out.clone();
+        rfc[2] |= 0x18;
+        rfc[3] = 0xff;
+        assert_eq!(Terminate::parse(&rfc).unwrap(), t);
     }
 
     #[test]

@@ -316,6 +316,12 @@ impl Proc {
 /// linked with `link` (the drop-in's `libibverbs.so.1`, or `-libverbs` for Debian's own);
 /// the test fails naming what to install if it does not compile. Returns the executable.
 pub fn compile_c(name: &str, link: &std::ffi::OsStr) -> PathBuf {
+    compile_c_linked(name, &[link])
+}
+
+/// [`compile_c`] with several libraries (e.g. `-lrdmacm -libverbs`: Debian's, which the
+/// drop-in replaces at run time through `LD_LIBRARY_PATH`).
+pub fn compile_c_linked(name: &str, links: &[&std::ffi::OsStr]) -> PathBuf {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-smoke");
     std::fs::create_dir_all(&out).unwrap();
     let exe = out.join(name);
@@ -325,7 +331,7 @@ pub fn compile_c(name: &str, link: &std::ffi::OsStr) -> PathBuf {
         .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
         .arg(&exe)
         .arg(&src)
-        .arg(link));
+        .args(links));
     assert_eq!(
         build.code,
         Some(0),

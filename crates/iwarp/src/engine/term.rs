@@ -118,33 +118,53 @@ impl Engine {
             .as_deref()
             .and_then(|h| SegmentHeader::parse(h).ok())
             .map(|(h, _)| h);
-        let target = self.inflight.find_target(named.is_some(), |k| {
-            use super::inflight::Kind;
-            match (named, k) {
-                (
-                    Some(SegmentHeader {
-                        ddp: DdpHeader::Tagged { stag, .. },
-                        opcode: Opcode::RdmaWrite,
-                        ..
-                    }),
-                    Kind::Write { stag: s },
-                ) => stag == *s,
-                (
-                    Some(SegmentHeader {
-                        ddp: DdpHeader::Untagged { qn: 0, msn, .. },
-                        ..
-                    }),
-                    Kind::Send { msn: m },
-                ) => msn == *m,
-                (
-                    Some(SegmentHeader {
-                        ddp: DdpHeader::Untagged { qn: 1, msn, .. },
-                        ..
-                    }),
-                    Kind::Read { msn: m },
-                ) => msn == *m,
+        use super::inflight::Kind;
+        let exact = self.inflight.find_target(named.is_some(), |k| match (named, k) {
+            (
+                Some(SegmentHeader {
+                    ddp: DdpHeader::Tagged { stag, .. },
+                    opcode: Opcode::RdmaWrite,
+                    ..
+                }),
+                Kind::Write { stag: s },
+            ) => stag == *s,
+            (
+                Some(SegmentHeader {
+                    ddp: DdpHeader::Untagged { qn: 0, msn, .. },
+                    ..
+                }),
+                Kind::Send { msn: m },
+            ) => msn == *m,
+            (
+                Some(SegmentHeader {
+                    ddp: DdpHeader::Untagged { qn: 1, msn, .. },
+                    ..
+                }),
+                Kind::Read { msn: m },
+            ) => msn == *m,
+            _ => false,
+        });
+        // No exact match: the oldest outstanding WR of the named message's kind, which is
+        // the one the peer was processing, since it works through each kind in order. (Linux
+        // siw copies a READ's length into the MSN of the Read Request it reconstructs.)
+        let target = exact.or_else(|| {
+            let (qn, tagged_write) = match named? {
+                SegmentHeader {
+                    ddp: DdpHeader::Untagged { qn, .. },
+                    ..
+                } => (Some(qn), false),
+                SegmentHeader {
+                    opcode: Opcode::RdmaWrite,
+                    ..
+                } => (None, true),
+                _ => return None,
+            };
+            self.inflight.find_target(true, |k| match k {
+                Kind::Send { .. } => qn == Some(0),
+                Kind::Read { .. } => qn == Some(1),
+                Kind::Write { .. } => tagged_write,
                 _ => false,
-            }
+            })
         });
         let why = format!("QP {}: peer sent Terminate: {}", self.qp.qpn, t.describe());
         tracing::warn!(qpn = self.qp.qpn, terminate = %t.describe(), "received Terminate");

@@ -788,3 +788,47 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
         assert_eq!(b.qp.state(), QpState::Rts);
     }
 }
+
+/// Linux siw (x86) refuses a READ with a bad source STag with a Terminate in its
+/// little-endian bit order whose copied Read Request carries the READ's length as its MSN
+/// (captured by kernel_peer `peer_error::iw-bad-rkey`). The READ still fails with
+/// REM_ACCESS_ERR, not a flush, and the SEND behind it flushes.
+#[test]
+fn a_linux_siw_terminate_fails_the_read_it_names() {
+    use softrdma_wire::{DdpHeader, Opcode, SegmentHeader};
+    let (mut a, _b) = pair();
+    let sink = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let read = SendWr::read(7, vec![sink.sge(0, 4096)], 0x1000, 0xffff_fe42);
+    a.qp.post_send(&[read, SendWr::send(8, vec![])]).unwrap();
+    a.engine.fill_tx();
+    let sent = a.engine.tx_pending().len();
+    a.engine.tx_consumed(sent);
+    let siw_terminate = "1000070000004141000000000000000100001000000000003758790000005\
+                         5bfbae2610000001000fffffe420000000000001000";
+    let payload: Vec<u8> = (0..siw_terminate.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&siw_terminate[i..i + 2], 16).unwrap())
+        .collect();
+    let hdr = SegmentHeader {
+        last: true,
+        opcode: Opcode::Terminate,
+        ddp: DdpHeader::Untagged {
+            inval_stag: 0,
+            qn: softrdma_wire::QN_TERMINATE,
+            msn: 1,
+            mo: 0,
+        },
+    };
+    let mut ulpdu = Vec::new();
+    hdr.emit(&mut ulpdu);
+    ulpdu.extend_from_slice(&payload);
+    let mut f = Vec::new();
+    softrdma_wire::emit_fpdu(&[&ulpdu], true, &mut f).unwrap();
+    a.engine.rx_space()[..f.len()].copy_from_slice(&f);
+    a.engine.rx_commit(f.len());
+    let wcs = polls(&a.cq);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(7, WcStatus::RemAccessErr), (8, WcStatus::WrFlushErr)]);
+    assert_eq!(a.engine.stats.terminates_received, 1);
+    assert_eq!(a.qp.state(), QpState::Err);
+}
