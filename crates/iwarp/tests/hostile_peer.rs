@@ -1209,16 +1209,7 @@ fn each_attack_gets_its_documented_outcome_while_honest_traffic_flows() {
         "a peer invalidated another PD's STag"
     );
     attack(&v, &honest, &mut log, "Terminate from the peer", crc_on, |p, _| {
-        let hdr = SegmentHeader {
-            last: true,
-            opcode: Opcode::Terminate,
-            ddp: DdpHeader::Untagged {
-                inval_stag: 0,
-                qn: softrdma_wire::QN_TERMINATE,
-                msn: 1,
-                mo: 0,
-            },
-        };
+        let hdr = SegmentHeader::terminate(1);
         let mut t = Vec::new();
         softrdma_wire::Terminate::new(
             TermLayer::Rdmap,

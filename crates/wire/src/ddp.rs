@@ -78,6 +78,20 @@ pub struct SegmentHeader {
 
 #[allow(clippy::len_without_is_empty)] // a header is never empty
 impl SegmentHeader {
+    /// The header of a Terminate message (untagged, queue 2, one segment) with `msn`.
+    pub fn terminate(msn: u32) -> SegmentHeader {
+        SegmentHeader {
+            last: true,
+            opcode: Opcode::Terminate,
+            ddp: DdpHeader::Untagged {
+                inval_stag: 0,
+                qn: QN_TERMINATE,
+                msn,
+                mo: 0,
+            },
+        }
+    }
+
     /// Parses the DDP+RDMAP header at the start of a ULPDU; returns it and its length (14 or 18).
     /// Checks DDP DV == 1 (BadDdpVersion), RDMAP RV == 1 (BadRdmapVersion), opcode known, T bit consistent with opcode (Malformed), reserved bits zero (Malformed).
     ///

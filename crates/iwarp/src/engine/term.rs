@@ -3,7 +3,7 @@
 use super::{Engine, Phase};
 use softrdma_verbs::mr::KeyError;
 use softrdma_verbs::WcStatus;
-use softrdma_wire::{term, DdpHeader, Opcode, SegmentHeader, TermLayer, Terminate, QN_TERMINATE};
+use softrdma_wire::{term, DdpHeader, Opcode, SegmentHeader, TermLayer, Terminate};
 
 /// The completion status a requester reports for a received Terminate.
 ///
@@ -92,16 +92,7 @@ impl Engine {
         self.cur = None;
         let msn = self.term_msn;
         self.term_msn = self.term_msn.wrapping_add(1);
-        let hdr = SegmentHeader {
-            last: true,
-            opcode: Opcode::Terminate,
-            ddp: DdpHeader::Untagged {
-                inval_stag: 0,
-                qn: QN_TERMINATE,
-                msn,
-                mo: 0,
-            },
-        };
+        let hdr = SegmentHeader::terminate(msn);
         let len = t.wire_len();
         self.emit_segment(&hdr, len, |out| t.emit(out));
         self.stats.terminates_sent += 1;

@@ -795,7 +795,7 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
 /// REM_ACCESS_ERR, not a flush, and the SEND behind it flushes.
 #[test]
 fn a_linux_siw_terminate_fails_the_read_it_names() {
-    use softrdma_wire::{DdpHeader, Opcode, SegmentHeader};
+    use softrdma_wire::SegmentHeader;
     let (mut a, _b) = pair();
     let sink = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
     let read = SendWr::read(7, vec![sink.sge(0, 4096)], 0x1000, 0xffff_fe42);
@@ -809,16 +809,7 @@ fn a_linux_siw_terminate_fails_the_read_it_names() {
         .step_by(2)
         .map(|i| u8::from_str_radix(&siw_terminate[i..i + 2], 16).unwrap())
         .collect();
-    let hdr = SegmentHeader {
-        last: true,
-        opcode: Opcode::Terminate,
-        ddp: DdpHeader::Untagged {
-            inval_stag: 0,
-            qn: softrdma_wire::QN_TERMINATE,
-            msn: 1,
-            mo: 0,
-        },
-    };
+    let hdr = SegmentHeader::terminate(1);
     let mut ulpdu = Vec::new();
     hdr.emit(&mut ulpdu);
     ulpdu.extend_from_slice(&payload);
