@@ -7,8 +7,13 @@
 //! acknowledged request (RDMA WRITE Only, zero length, PSN = oldest unacknowledged − 1, AckReq).
 //! Every IBTA responder answers a duplicate SEND/WRITE with an ACK and executes nothing
 //! (C9-105); no PSN is used, no receive WR is consumed, no access right is needed. Unanswered
-//! probes are resent after the ACK timeout, `retry_cnt` times, then the QP fails with
-//! [`RcError::PeerUnresponsive`](super::RcError::PeerUnresponsive).
+//! probes are resent `retry_cnt` times, then the QP fails with
+//! [`RcError::PeerUnresponsive`](super::RcError::PeerUnresponsive). A resend waits the ACK
+//! timeout, but never less than half the interval: an idle QP on a real fabric never fails,
+//! so a live peer that stops for a few seconds (a descheduled VM, a loaded emulator: Linux rxe
+//! in a TCG guest did) must not be taken for dead just because the application chose a short
+//! ACK timeout. With the defaults a dead peer is found after about 10 s of silence (2 s, then
+//! 8 × 1 s with ACK timeout 14, or 8 × 1.07 s with rdma_cm's 18).
 //!
 //! Any valid packet from the peer counts as an answer. A peer alive but unable to answer for
 //! that long (stopped in a debugger) looks dead too, as it does to a requester with work in
@@ -84,7 +89,12 @@ impl Keepalive {
 
     /// When an unanswered probe is resent (or the peer declared lost).
     pub(crate) fn retry_deadline(&self, ack_timeout: Option<Duration>) -> Option<Instant> {
-        self.probing?.sent_at.checked_add(ack_timeout?)
+        self.probing?.sent_at.checked_add(self.resend_after(ack_timeout)?)
+    }
+
+    /// How long an unanswered probe waits: the ACK timeout, at least half the interval.
+    fn resend_after(&self, ack_timeout: Option<Duration>) -> Option<Duration> {
+        Some(ack_timeout?.max(self.interval? / 2))
     }
 
     /// Timer expiry on an idle QP: the first probe, a resend, or the verdict once `retries`
@@ -170,17 +180,19 @@ mod tests {
             assert!(p.headers.bth.ack_req && p.payload.is_empty());
             assert_eq!(p.headers.reth.map(|r| r.dma_len), Some(0));
             assert_eq!(k.due(ack), None);
-            assert_eq!(k.retry_deadline(ack), Some(now + 10 * MS));
-            k.on_timeout(now + 9 * MS, ack, 2).unwrap();
+            // ACK timeout 10 ms, but a resend waits at least half the interval.
+            assert_eq!(k.retry_deadline(ack), Some(now + 50 * MS));
+            assert_eq!(k.retry_deadline(Some(80 * MS)), Some(now + 80 * MS));
+            k.on_timeout(now + 49 * MS, ack, 2).unwrap();
             assert!(!k.poll_transmit(Psn::new(5), 7, 0xffff, &mut out));
-            now += 10 * MS;
+            now += 50 * MS;
         }
         let err = k.on_timeout(now, ack, 2).unwrap_err();
         assert_eq!(
             err,
             RcError::PeerUnresponsive {
                 probes: 3,
-                silent: 130 * MS
+                silent: 250 * MS
             }
         );
     }

@@ -1,5 +1,6 @@
-//! Keepalive: an idle QP whose peer died without a DREQ learns within interval + (retry_cnt +
-//! 1) × ACK timeout; a live peer answers the probes without any visible effect.
+//! Keepalive: an idle QP whose peer died without a DREQ learns within interval +
+//! (retry_cnt + 1) × max(ACK timeout, interval / 2); a live peer answers the probes without
+//! any visible effect, and one that stops answering for less than that is not taken for dead.
 
 use super::harness::{pattern, rc_pair, rc_pair_with, timeout_of, Opts};
 use super::net::{NetCfg, Sim};
@@ -78,8 +79,9 @@ fn dead_peer_flushes_posted_receives() {
             (2, WcStatus::WrFlushErr)
         ]
     );
-    // First probe after the interval, then retry_cnt resends, each after one ACK timeout.
-    let bound = 100 * MS + 4 * timeout_of(12);
+    // First probe after the interval, then retry_cnt resends, each after the ACK timeout
+    // (12: 16.8 ms) or half the interval, whichever is longer.
+    let bound = 100 * MS + 4 * timeout_of(12).max(50 * MS);
     let took = sim.elapsed();
     assert!(took >= bound && took <= bound + MS, "{took:?}, expected {bound:?}");
     assert_eq!(a.engine.stats().keepalive_probes, 4);
@@ -94,6 +96,36 @@ fn dead_peer_flushes_posted_receives() {
     a.engine.handle_timeout(sim.now);
     a.collect();
     assert_eq!(a.recv_status().last(), Some(&(9, WcStatus::WrFlushErr)));
+}
+
+/// Linux rxe in a loaded TCG guest once went silent for about 2.5 s in the middle of
+/// `ibv_rc_pingpong` (ACK timeout 14): the keepalive gave up after 2 s + 8 × 67 ms and
+/// flushed the receives. A resend waits at least half the interval now.
+#[test]
+fn a_peer_silent_longer_than_the_ack_retries_is_not_taken_for_dead() {
+    let oa = with_keepalive(100 * MS);
+    let ob = Opts {
+        keepalive: None,
+        ..oa.clone()
+    };
+    let (mut a, mut b) = rc_pair_with(oa, ob);
+    let mut sim = Sim::new(NetCfg::default(), 43);
+    sim.filter = Some(Box::new(|to_b, _| !to_b));
+    let dst = a.mr(64, Access::LOCAL_WRITE);
+    a.qp.post_recv_one(1, dst.sge(0, 64)).unwrap();
+    // Silent for longer than interval + (retry_cnt + 1) × ACK timeout (100 + 4 × 16.8 ms),
+    // less than interval + (retry_cnt + 1) × interval / 2 (300 ms).
+    sim.settle(&mut a, &mut b, 220 * MS);
+    assert!(a.engine.error().is_none(), "{:?}", a.engine.error());
+    assert_eq!(a.engine.stats().keepalive_probes, 3);
+    sim.filter = None;
+    let src = b.mr(64, Access::LOCAL_WRITE);
+    src.write(0, &pattern(64, 5)).unwrap();
+    b.qp.post_send_one(SendWr::send(7, vec![src.sge(0, 64)])).unwrap();
+    assert!(sim.run(&mut a, &mut b, 1000 * MS, |a, b| a.wcs.len() == 1 && b.wcs.len() == 1));
+    assert_eq!(a.recv_status(), vec![(1, WcStatus::Success)]);
+    assert_eq!(dst.to_vec(), pattern(64, 5));
+    assert!(a.engine.error().is_none() && a.qp.state() == QpState::Rts);
 }
 
 #[test]
