@@ -95,7 +95,7 @@ const MATRIX: &[Case] = &[
 /// synchronous rounds ran past six minutes in the TCG guest.)
 const LOSS: &[Case] = &[
     case("iw-rping-64m", Transport::Siw, Wire::Iwarp),
-    // 1400 rounds, loss for the first 80 MiB each way (about 71 MiB of data), then none: the
+    // 1800 rounds, loss for the first 100 MiB each way (70 MiB or more of new data), then none: the
     // receiver of the last message exits at once, so a lost final ACK would leave its sender
     // retrying into a destroyed QP (run-case.sh). Once failed in CI with a flushed receive: the
     // TCG guest went quiet for about 2.5 s while softrdma waited, and the keepalive took rxe
