@@ -135,27 +135,15 @@ impl Engine {
             ) => msn == *m,
             _ => false,
         });
-        // No exact match: the oldest outstanding WR of the named message's kind, which is
-        // the one the peer was processing, since it works through each kind in order. (Linux
-        // siw copies a READ's length into the MSN of the Read Request it reconstructs.)
-        let target = exact.or_else(|| {
-            let (qn, tagged_write) = match named? {
-                SegmentHeader {
-                    ddp: DdpHeader::Untagged { qn, .. },
-                    ..
-                } => (Some(qn), false),
-                SegmentHeader {
-                    opcode: Opcode::RdmaWrite,
-                    ..
-                } => (None, true),
-                _ => return None,
-            };
-            self.inflight.find_target(true, |k| match k {
-                Kind::Send { .. } => qn == Some(0),
-                Kind::Read { .. } => qn == Some(1),
-                Kind::Write { .. } => tagged_write,
-                _ => false,
-            })
+        // Linux siw copies a READ's length into the MSN of the Read Request it sends back: one
+        // that matches no READ by MSN names the oldest outstanding READ, the one the peer was
+        // serving (READs are answered in order).
+        let target = exact.or_else(|| match named? {
+            SegmentHeader {
+                ddp: DdpHeader::Untagged { qn: 1, .. },
+                ..
+            } => self.inflight.find_target(true, |k| matches!(k, Kind::Read { .. })),
+            _ => None,
         });
         let why = format!("QP {}: peer sent Terminate: {}", self.qp.qpn, t.describe());
         tracing::warn!(qpn = self.qp.qpn, terminate = %t.describe(), "received Terminate");
