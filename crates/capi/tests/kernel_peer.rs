@@ -275,23 +275,16 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
         Mode::Kill => (&[("KPEER_KILL_AFTER", "4"), ("KPEER_KILL_BOUND", "30")], ".kill"),
         Mode::PeerError => (&[("KPEER_T_SRV", "45"), ("KPEER_T_CLI", "40")], ""),
     };
-    let probe_env;
-    let extra: &[(&str, &str)] = if mode == Mode::PeerError {
-        probe_env = [
-            extra,
-            &[("KPEER_PROBE", probe().to_str().ok_or("probe path is not UTF-8")?)],
-        ]
-        .concat();
-        &probe_env
-    } else {
-        extra
-    };
+    let mut extra = extra.to_vec();
+    if mode == Mode::PeerError {
+        extra.push(("KPEER_PROBE", probe().to_str().ok_or("probe path is not UTF-8")?));
+    }
     let bound = Duration::from_secs(if mode == Mode::Loss { 480 } else { 240 });
     let res = run.dir.join("results").join(format!("{}.{dir}{suffix}", case.name));
     let mut attempt = 1;
     let (text, verdict) = loop {
         ensure_guest(run, case.transport)?;
-        let (_, text) = script(run, &[&sh, case.name, dir], extra, bound);
+        let (_, text) = script(run, &[&sh, case.name, dir], &extra, bound);
         let verdict = std::fs::read_to_string(res.join("verdict")).unwrap_or_default();
         println!("    {}", verdict.trim());
         if !verdict.contains(" PASS ") {

@@ -905,9 +905,17 @@ fn expect_mad(peer: &RawPeer, what: &str) -> CmMad {
 
 /// The next MAD forwarded to the attacker within `wait`.
 fn expect_mad_within(peer: &RawPeer, wait: Duration, what: &str) -> CmMad {
-    let r = peer.recv(wait).unwrap_or_else(|| panic!("{what}: no MAD"));
-    r.mad()
-        .unwrap_or_else(|| panic!("{what}: not a CM MAD: {:?}", r.packet().headers))
+    mad_within(peer, wait, what).unwrap_or_else(|| panic!("{what}: no MAD"))
+}
+
+/// The next datagram forwarded to the attacker within `wait`, which must be a CM MAD; None
+/// if nothing came.
+fn mad_within(peer: &RawPeer, wait: Duration, what: &str) -> Option<CmMad> {
+    let r = peer.recv(wait)?;
+    Some(
+        r.mad()
+            .unwrap_or_else(|| panic!("{what}: not a CM MAD: {:?}", r.packet().headers)),
+    )
 }
 
 fn expect_rej(peer: &RawPeer, to: u32, reason: RejReason, what: &str) -> Rej {
@@ -1126,26 +1134,17 @@ fn cm_attacks_on_a_live_listener() {
     }
     .emit();
     let until = Instant::now() + Duration::from_secs(120);
+    const WHAT: &str = "the sentinel DREQ behind the burst";
     let m = loop {
         peer.send_mad(gsi, &dreq, GSI_QKEY, false);
-        if let Some(r) = peer.recv(Duration::from_secs(2)) {
-            break r.mad().unwrap_or_else(|| {
-                panic!(
-                    "the sentinel DREQ behind the burst: not a CM MAD: {:?}",
-                    r.packet().headers
-                )
-            });
+        if let Some(m) = mad_within(&peer, Duration::from_secs(2), WHAT) {
+            break m;
         }
-        assert!(
-            Instant::now() < until,
-            "the sentinel DREQ behind the burst: no MAD in 120 s"
-        );
+        assert!(Instant::now() < until, "{WHAT}: no MAD in 120 s");
     };
     // Copies sent after the one answered queue right behind it: their DREPs follow at once.
-    let late = peer
-        .recv_all(Duration::from_secs(1))
-        .into_iter()
-        .filter_map(|r| r.mad());
+    let late_until = Instant::now() + Duration::from_secs(1);
+    let late = std::iter::from_fn(|| mad_within(&peer, late_until.saturating_duration_since(Instant::now()), WHAT));
     for m in std::iter::once(m).chain(late) {
         match m.msg {
             CmMessage::Drep(d) if d.remote_comm_id == sentinel => {}

@@ -2,7 +2,7 @@
 //! (retry_cnt + 1) × max(ACK timeout, interval / 2); a live peer answers the probes without
 //! any visible effect, and one that stops answering for less than that is not taken for dead.
 
-use super::harness::{pattern, rc_pair, rc_pair_with, timeout_of, Opts};
+use super::harness::{pattern, rc_pair, rc_pair_with, timeout_of, Node, Opts};
 use super::net::{NetCfg, Sim};
 use crate::engine::RcError;
 use softrdma_verbs::*;
@@ -18,6 +18,20 @@ fn with_keepalive(interval: Duration) -> Opts {
         retry_cnt: 3,
         ..Opts::default()
     }
+}
+
+/// A pair where only `a` probes (interval 100 ms), and nothing reaches `b` until the test
+/// lifts `sim.filter`.
+fn a_probes_b_unreachable(seed: u64) -> (Node, Node, Sim) {
+    let oa = with_keepalive(100 * MS);
+    let ob = Opts {
+        keepalive: None,
+        ..oa.clone()
+    };
+    let (a, b) = rc_pair_with(oa, ob);
+    let mut sim = Sim::new(NetCfg::default(), seed);
+    sim.filter = Some(Box::new(|to_b, _| !to_b));
+    (a, b, sim)
 }
 
 #[test]
@@ -57,15 +71,7 @@ fn live_peer_answers_probes_without_effect() {
 
 #[test]
 fn dead_peer_flushes_posted_receives() {
-    let oa = with_keepalive(100 * MS);
-    let ob = Opts {
-        keepalive: None,
-        ..oa.clone()
-    };
-    let (mut a, mut b) = rc_pair_with(oa, ob);
-    let mut sim = Sim::new(NetCfg::default(), 41);
-    // b is dead: nothing reaches it.
-    sim.filter = Some(Box::new(|to_b, _| !to_b));
+    let (mut a, mut b, mut sim) = a_probes_b_unreachable(41);
     let dst = a.mr(256, Access::LOCAL_WRITE);
     for i in 0..3 {
         a.qp.post_recv_one(i, dst.sge(0, 256)).unwrap();
@@ -103,14 +109,7 @@ fn dead_peer_flushes_posted_receives() {
 /// flushed the receives. A resend waits at least half the interval now.
 #[test]
 fn a_peer_silent_longer_than_the_ack_retries_is_not_taken_for_dead() {
-    let oa = with_keepalive(100 * MS);
-    let ob = Opts {
-        keepalive: None,
-        ..oa.clone()
-    };
-    let (mut a, mut b) = rc_pair_with(oa, ob);
-    let mut sim = Sim::new(NetCfg::default(), 43);
-    sim.filter = Some(Box::new(|to_b, _| !to_b));
+    let (mut a, mut b, mut sim) = a_probes_b_unreachable(43);
     let dst = a.mr(64, Access::LOCAL_WRITE);
     a.qp.post_recv_one(1, dst.sge(0, 64)).unwrap();
     // Silent for longer than interval + (retry_cnt + 1) × ACK timeout (100 + 4 × 16.8 ms),
