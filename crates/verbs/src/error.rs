@@ -40,6 +40,8 @@ pub enum Errno {
     HostUnreach,
     /// EIO: an OS-level I/O failure.
     Io,
+    /// EFAULT: a memory range is not mapped with the protections the access needs.
+    Fault,
 }
 
 impl Errno {
@@ -63,6 +65,7 @@ impl Errno {
             Errno::Proto => libc::EPROTO,
             Errno::HostUnreach => libc::EHOSTUNREACH,
             Errno::Io => libc::EIO,
+            Errno::Fault => libc::EFAULT,
         }
     }
 
@@ -70,6 +73,7 @@ impl Errno {
     pub fn from_raw(raw: i32) -> Errno {
         match raw {
             libc::EINVAL => Errno::Inval,
+            libc::EFAULT => Errno::Fault,
             libc::ENOMEM | libc::ENOBUFS => Errno::NoMem,
             libc::ENODEV => Errno::NoDev,
             libc::EADDRNOTAVAIL => Errno::AddrNotAvail,
@@ -110,6 +114,7 @@ impl fmt::Display for Errno {
             Errno::Proto => "EPROTO",
             Errno::HostUnreach => "EHOSTUNREACH",
             Errno::Io => "EIO",
+            Errno::Fault => "EFAULT",
         };
         f.write_str(s)
     }

@@ -194,6 +194,7 @@ impl Mr {
                 "reg_mr: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (access {access})"
             );
         }
+        region.check_mapped("reg_mr", access.contains(Access::LOCAL_WRITE))?;
         let mut t = table()
             .write()
             .map_err(|_| Error::new(Errno::Io, "reg_mr: key table poisoned"))?;
@@ -253,6 +254,7 @@ impl Mr {
             Some((r, iova)) => (Arc::new(r), iova),
             None => (self.inner.region.clone(), self.inner.iova),
         };
+        region.check_mapped("rereg_mr", access.contains(Access::LOCAL_WRITE))?;
         let new_pd = pd.map(|p| p.inner().clone()).unwrap_or_else(|| self.pd.clone());
         let inner = Arc::new(MrInner {
             lkey: self.inner.lkey,
@@ -284,7 +286,11 @@ impl Mr {
             self.pd = new_pd;
         }
         tracing::debug!(lkey = format_args!("{:#x}", inner.lkey), len = inner.region.len(), %access, "rereg_mr");
-        self.inner = inner;
+        let old = std::mem::replace(&mut self.inner, inner);
+        if !Arc::ptr_eq(&old.region, &self.inner.region) {
+            // The old buffer may be freed once this returns: no access reaches it again.
+            old.region.revoke();
+        }
         Ok(())
     }
 
@@ -395,6 +401,9 @@ impl Mr {
             t.by_key
                 .retain(|_, e| !e.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, inner)));
         }
+        // The keys are gone, so no new access starts; wait for the ones in progress. Then
+        // the application may free the buffer: nothing touches it again.
+        self.inner.region.revoke();
         self.pd.mr_count.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!(lkey = format_args!("{:#x}", self.inner.lkey), "dereg_mr");
     }

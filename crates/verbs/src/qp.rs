@@ -743,14 +743,30 @@ impl Qp {
             let mut data = Vec::with_capacity(total as usize);
             for s in &wr.sg_list {
                 if raw_inline {
-                    // SAFETY: the caller of post_send_raw guarantees inline SGEs are readable.
-                    data.extend_from_slice(&unsafe { copy_from_user(s.addr, s.length as usize) });
+                    // SAFETY: inline SGEs name application memory no Rust reference covers; a
+                    // range that is not readable is reported, not faulted on.
+                    let bytes = unsafe { copy_from_user(s.addr, s.length as usize) }.ok_or_else(|| {
+                        Error::new(
+                            Errno::Fault,
+                            format!(
+                                "post_send on QP {qpn}: inline SGE {:#x} + {} bytes is not readable",
+                                s.addr, s.length
+                            ),
+                        )
+                    })?;
+                    data.extend_from_slice(&bytes);
                 } else {
                     let (mr, off) =
                         check_local(s.lkey, self.inner.pd.id(), s.addr, s.length as u64, false).map_err(|e| {
                             Error::inval(format!("post_send on QP {qpn}: inline SGE lkey {:#x}: {e}", s.lkey))
                         })?;
-                    mr.region.append_to(off, s.length as usize, &mut data);
+                    if !mr.region.append_to(off, s.length as usize, &mut data) {
+                        bail!(
+                            Fault,
+                            "post_send on QP {qpn}: inline SGE lkey {:#x}: the MR's memory is not readable",
+                            s.lkey
+                        );
+                    }
                 }
             }
             Some(data)

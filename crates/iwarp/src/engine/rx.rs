@@ -182,8 +182,16 @@ impl Engine {
         };
         match checked {
             Ok((mr, off)) => {
-                mr.region.write(off, payload);
-                self.stats.rx_placed += payload.len() as u64;
+                if mr.region.write(off, payload) {
+                    self.stats.rx_placed += payload.len() as u64;
+                } else {
+                    // Deregistered while the segment was placed, or its memory unmapped.
+                    let why = format!(
+                        "RDMA WRITE to STag {stag:#x} TO {to:#x} len {}: the MR's memory is no longer accessible",
+                        payload.len()
+                    );
+                    self.send_terminate(tagged_error(softrdma_verbs::mr::KeyError::InvalidKey), Some(ulpdu), why);
+                }
             }
             Err(e) => {
                 let why = format!(
@@ -294,7 +302,15 @@ impl Engine {
         };
         let at = to.wrapping_sub(entry.sink_to) as usize;
         let fits = at == entry.placed && at.checked_add(payload.len()).is_some_and(|e| e <= entry.total);
-        if !fits || !scatter(&entry.dst, at, payload) {
+        if fits && !scatter(&entry.dst, at, payload) {
+            // The READ's local sink was deregistered (or unmapped) while data arrived.
+            let why = format!(
+                "READ sink became inaccessible after {} of {} bytes",
+                entry.placed, entry.total
+            );
+            return self.send_terminate((TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0), Some(ulpdu), why);
+        }
+        if !fits {
             let why = format!(
                 "READ response at offset {at} len {} outside the {}-byte sink",
                 payload.len(),
@@ -407,7 +423,18 @@ impl Engine {
             );
             return self.untagged_error(term::ddp::untagged::MSG_TOO_LONG, ulpdu, why);
         }
-        scatter(&r.dst, r.received, payload);
+        if !scatter(&r.dst, r.received, payload) {
+            // The receive buffer's MR was deregistered (or its memory unmapped) mid-message.
+            let Some(r) = self.cur_recv.take() else { return };
+            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn);
+            wc.byte_len = 0;
+            self.qp.complete_recv(wc);
+            let why = format!(
+                "receive WR {:#x}: its buffer became inaccessible after {} bytes",
+                r.wqe.wr_id, r.received
+            );
+            return self.send_terminate((TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0), Some(ulpdu), why);
+        }
         r.received = end;
         self.stats.rx_placed += payload.len() as u64;
         if !last {

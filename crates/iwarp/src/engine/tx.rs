@@ -37,13 +37,30 @@ impl Engine {
 
     /// Appends one FPDU carrying `hdr` and `payload_len` bytes produced by `fill`.
     pub(crate) fn emit_segment(&mut self, hdr: &SegmentHeader, payload_len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
+        self.try_emit_segment(hdr, payload_len, |out| {
+            fill(out);
+            true
+        });
+    }
+
+    /// [`Engine::emit_segment`] with a `fill` that can fail (registered memory that became
+    /// inaccessible): then nothing is appended and it returns false.
+    fn try_emit_segment(
+        &mut self,
+        hdr: &SegmentHeader,
+        payload_len: usize,
+        fill: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) -> bool {
         let start = self.tx.len();
         self.tx.extend_from_slice(&[0, 0]);
         let mut h = [0u8; 18];
         let hlen = hdr.write_to(&mut h);
         self.tx.extend_from_slice(&h[..hlen]);
         let before = self.tx.len();
-        fill(&mut self.tx);
+        if !fill(&mut self.tx) {
+            self.tx.truncate(start);
+            return false;
+        }
         debug_assert_eq!(self.tx.len() - before, payload_len);
         let ulpdu_len = self.tx.len() - start - 2;
         self.tx[start..start + 2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
@@ -52,6 +69,7 @@ impl Engine {
         let crc = if self.cfg.crc { crc32c(&self.tx[start..]) } else { 0 };
         self.tx.extend_from_slice(&crc.to_le_bytes());
         self.stats.tx_fpdus += 1;
+        true
     }
 
     /// Produces FPDUs until the TX buffer is full or no work is ready.
@@ -311,7 +329,9 @@ impl Engine {
         let hdr = SegmentHeader { last, opcode, ddp };
         let from = msg.sent;
         let payload = &msg.payload;
-        self.emit_segment(&hdr, chunk, |out| gather(payload, from, chunk, out));
+        if !self.try_emit_segment(&hdr, chunk, |out| gather(payload, from, chunk, out)) {
+            return self.source_memory_gone(msg);
+        }
         msg.sent += chunk;
         if !last {
             self.cur = Some(msg);
@@ -322,10 +342,38 @@ impl Engine {
     }
 }
 
-/// Appends `len` bytes of `payload` starting at byte `from`.
-fn gather(payload: &Payload, mut from: usize, mut len: usize, out: &mut Vec<u8>) {
+impl Engine {
+    /// The memory a message was being sent from is no longer accessible (its MR was
+    /// deregistered, or the application unmapped it): a SEND or WRITE fails with
+    /// LOC_PROT_ERR and the QP goes to ERR; a READ response ends in a Terminate (the peer's
+    /// READ fails with a remote access error), as if the STag had been invalid from the start.
+    fn source_memory_gone(&mut self, msg: TxMsg) {
+        let why = format!(
+            "QP {}: the memory of a message being sent became inaccessible after {} of {} bytes",
+            self.qp.qpn, msg.sent, msg.total
+        );
+        match msg.seq {
+            Some(seq) => {
+                tracing::warn!(qpn = self.qp.qpn, %why, "local protection error");
+                self.fail_all(Some(seq), WcStatus::LocProtErr, 0, why);
+            }
+            None => self.send_terminate(
+                super::term::read_error(softrdma_verbs::mr::KeyError::InvalidKey),
+                None,
+                why,
+            ),
+        }
+    }
+}
+
+/// Appends `len` bytes of `payload` starting at byte `from`; false (with a prefix possibly
+/// appended) if registered memory could not be read.
+fn gather(payload: &Payload, mut from: usize, mut len: usize, out: &mut Vec<u8>) -> bool {
     match payload {
-        Payload::Inline(d) => out.extend_from_slice(&d[from..from + len]),
+        Payload::Inline(d) => {
+            out.extend_from_slice(&d[from..from + len]);
+            true
+        }
         Payload::Pieces(pieces) => {
             for p in pieces {
                 if len == 0 {
@@ -336,12 +384,15 @@ fn gather(payload: &Payload, mut from: usize, mut len: usize, out: &mut Vec<u8>)
                     continue;
                 }
                 let take = (p.len - from).min(len);
-                // Bounds were checked when the WR was resolved; a false return cannot happen.
-                let ok = p.mr.region.append_to(p.off + from, take, out);
-                debug_assert!(ok);
+                // Bounds were checked when the WR was resolved: a false return means the
+                // region was revoked (deregistered) or its memory faulted.
+                if !p.mr.region.append_to(p.off + from, take, out) {
+                    return false;
+                }
                 len -= take;
                 from = 0;
             }
+            true
         }
     }
 }
