@@ -12,6 +12,7 @@ mod rdma_view;
 mod rping;
 mod scale;
 mod soak;
+mod stat;
 
 /// Errors a subcommand reports; `main` prints them as `softrdma: <message>` and exits 1.
 type CmdResult = Result<(), Box<dyn std::error::Error>>;
@@ -42,6 +43,8 @@ enum Command {
     Env(dropin::EnvArgs),
     /// Run an unmodified RDMA program over softrdma: softrdma run -- ibv_devinfo -v.
     Run(dropin::RunArgs),
+    /// Live counters of every process using softrdma: per device and per QP, both transports.
+    Stat(stat::StatArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Command::Scale(args) => scale::run(&args),
         Command::Env(args) => dropin::env(&args),
         Command::Run(args) => return dropin::run(&args),
+        Command::Stat(args) => stat::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,6 +22,7 @@ pub mod progress;
 pub mod qp;
 pub mod qp_state;
 pub mod srq;
+pub mod stats;
 pub mod wr;
 
 pub use ah::Ah;

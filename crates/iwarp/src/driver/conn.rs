@@ -156,6 +156,32 @@ impl ConnHandle {
     }
 }
 
+impl softrdma_verbs::stats::CounterSource for TcpConn {
+    fn qp_stats(&self) -> Option<softrdma_verbs::stats::QpStats> {
+        let st = self.lock();
+        let Phase::Established { engine } = &st.phase else {
+            return None;
+        };
+        let qp = engine.qp();
+        Some(softrdma_verbs::stats::QpStats {
+            device: qp.pd.context().device().name.clone(),
+            transport: "iwarp".into(),
+            qpn: qp.qpn,
+            qp_type: format!("{:?}", qp.qp_type).to_uppercase(),
+            state: qp.state().to_string(),
+            counters: engine.stats.counters(),
+        })
+    }
+}
+
+impl TcpConn {
+    /// Makes the connection's counters visible to `softrdma stat` (once it has an engine).
+    pub(crate) fn publish_counters(self: &Arc<Self>) {
+        let weak: Weak<dyn softrdma_verbs::stats::CounterSource> = Arc::downgrade(self) as _;
+        softrdma_verbs::stats::register(weak);
+    }
+}
+
 fn addr_domain(a: &SocketAddr) -> Domain {
     if a.is_ipv4() {
         Domain::IPV4
@@ -435,6 +461,7 @@ impl TcpConn {
                 // (handshake docs).
                 st.tx_release = Some(Instant::now() + handshake::RTR_DELAY);
                 let Some(conn) = self.self_arc() else { return };
+                conn.publish_counters();
                 let handle = ConnHandle { conn };
                 if let Err(e) = qp.connect_established(Arc::new(handle), neg.ord.min(255) as u8, neg.ird.min(255) as u8)
                 {

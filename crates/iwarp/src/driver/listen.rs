@@ -476,6 +476,7 @@ impl ConnRequest {
         st.set_out(reply);
         st.set_sink(sink.clone());
         st.phase = Phase::Established { engine };
+        conn.publish_counters();
         // Through the connection's own bookkeeping: the data path turns write interest off
         // again once the Reply is out (set directly, it stayed on, and an idle connection woke
         // the progress thread in a loop).

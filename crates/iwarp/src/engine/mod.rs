@@ -148,6 +148,24 @@ pub struct Stats {
     pub terminates_sent: u64,
     /// Terminates received.
     pub terminates_received: u64,
+    /// Stream bytes the socket took (MPA framing included).
+    pub tx_bytes: u64,
+    /// Stream bytes read from the socket.
+    pub rx_bytes: u64,
+}
+
+impl Stats {
+    /// The counters in `softrdma stat`'s common shape (TCP does the retransmitting).
+    pub fn counters(&self) -> softrdma_verbs::stats::QpCounters {
+        softrdma_verbs::stats::QpCounters {
+            tx_packets: self.tx_fpdus,
+            rx_packets: self.rx_fpdus,
+            tx_bytes: self.tx_bytes,
+            rx_bytes: self.rx_bytes,
+            errors: self.terminates_sent + self.terminates_received,
+            ..Default::default()
+        }
+    }
 }
 
 /// The engine.

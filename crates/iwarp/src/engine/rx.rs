@@ -42,6 +42,7 @@ impl Engine {
 
     /// `n` bytes were read into [`Engine::rx_space`]: process every complete FPDU.
     pub fn rx_commit(&mut self, n: usize) {
+        self.stats.rx_bytes += n as u64;
         self.rx_len = (self.rx_len + n).min(self.rx.len());
         let mut pos = 0;
         while self.phase == Phase::Running {

@@ -18,6 +18,7 @@ impl Engine {
     /// The socket took `n` bytes. SENDs and WRITEs whose last byte is now taken complete
     /// (in posting order, behind any READ still waiting for its response).
     pub fn tx_consumed(&mut self, n: usize) {
+        self.stats.tx_bytes += n as u64;
         self.tx_off = (self.tx_off + n).min(self.tx.len());
         if self.tx_off == self.tx.len() {
             self.tx_base += self.tx.len() as u64;

@@ -50,6 +50,8 @@ pub fn create_qp(pd: &Pd, init: QpInitAttr) -> Result<Qp> {
     match Qp::with_transport(pd, init, AttrRules::Ibta, Some((qpn, transport))) {
         Ok(qp) => {
             slot.bind_qp(qp.inner());
+            let counters: std::sync::Weak<dyn softrdma_verbs::stats::CounterSource> = Arc::downgrade(&slot) as _;
+            softrdma_verbs::stats::register(counters);
             ep.insert(slot);
             Ok(qp)
         }

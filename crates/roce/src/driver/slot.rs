@@ -10,7 +10,7 @@ use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::{Errno, Error, QpDriver, QpState, QpTransport, QpType, Result};
 use softrdma_wire::roce::RocePacket;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,9 @@ pub(crate) struct Slot {
     engine: Mutex<Option<Engine>>,
     /// Multicast groups this (UD) QP is attached to, with the local address used to join.
     groups: Mutex<Vec<(Ipv4Addr, Ipv4Addr)>>,
+    /// UDP payload bytes sent and received (BTH through pad), for `softrdma stat`.
+    tx_bytes: AtomicU64,
+    rx_bytes: AtomicU64,
 }
 
 thread_local! {
@@ -162,6 +165,8 @@ impl Slot {
             qp: OnceLock::new(),
             engine: Mutex::new(None),
             groups: Mutex::new(Vec::new()),
+            tx_bytes: AtomicU64::new(0),
+            rx_bytes: AtomicU64::new(0),
         }
     }
 
@@ -258,6 +263,7 @@ impl Slot {
     /// A datagram for this QP (ICRC verified). Nothing is sent yet: the caller flushes the
     /// slot once the whole burst of received datagrams is handled ([`Slot::flush_now`]).
     pub(crate) fn on_packet(&self, ep: &Endpoint, transport: &[u8], origin: &Origin) {
+        self.rx_bytes.fetch_add(transport.len() as u64, Ordering::Relaxed);
         let pkt = match RocePacket::parse(transport) {
             Ok(p) => p,
             Err(e) => {
@@ -363,6 +369,7 @@ impl Slot {
                             v6: *v6,
                         };
                         while !batch.is_full() && eng.poll_transmit(now, batch.next_buf()) {
+                            self.tx_bytes.fetch_add(batch.pending().len() as u64, Ordering::Relaxed);
                             batch.commit(to);
                         }
                     }
@@ -378,6 +385,7 @@ impl Slot {
                             let dst = gid_to_ip(Gid(t.dgid));
                             match ud_source(sources, t.sgid_index, dst) {
                                 Some(src) => {
+                                    self.tx_bytes.fetch_add(batch.pending().len() as u64, Ordering::Relaxed);
                                     let scope = if is_link_local(dst) { *ifindex } else { 0 };
                                     batch.commit(TxTo {
                                         src,
@@ -414,6 +422,50 @@ impl Slot {
             Engine::Rc { eng, .. } => Some(format!("{:?}", eng.stats())),
             Engine::Ud { eng, .. } => Some(format!("{:?}", eng.stats())),
         }
+    }
+}
+
+impl softrdma_verbs::stats::CounterSource for Slot {
+    fn qp_stats(&self) -> Option<softrdma_verbs::stats::QpStats> {
+        use softrdma_verbs::stats::{QpCounters, QpStats};
+        let qp = self.qp.get()?.upgrade()?;
+        let mut counters = match lock(&self.engine).as_ref() {
+            Some(Engine::Rc { eng, .. }) => {
+                let s = eng.stats();
+                let errors = |n: &crate::engine::NakCounts| n.remote_access + n.invalid_request + n.remote_operational;
+                QpCounters {
+                    tx_packets: s.tx_packets,
+                    rx_packets: s.rx_packets,
+                    retransmissions: s.retransmitted_packets,
+                    timeouts: s.timeouts,
+                    naks_sent: s.naks_sent.total(),
+                    naks_received: s.naks_received.total(),
+                    rnr: s.naks_sent.rnr + s.naks_received.rnr,
+                    errors: s.dropped_invalid + errors(&s.naks_sent) + errors(&s.naks_received),
+                    ..Default::default()
+                }
+            }
+            Some(Engine::Ud { eng, .. }) => {
+                let s = eng.stats();
+                QpCounters {
+                    tx_packets: s.tx_packets,
+                    rx_packets: s.rx_packets,
+                    errors: s.rx_dropped_qkey + s.rx_dropped_invalid + s.rx_length_errors + s.tx_errors,
+                    ..Default::default()
+                }
+            }
+            None => QpCounters::default(),
+        };
+        counters.tx_bytes = self.tx_bytes.load(Ordering::Relaxed);
+        counters.rx_bytes = self.rx_bytes.load(Ordering::Relaxed);
+        Some(QpStats {
+            device: qp.pd.context().device().name.clone(),
+            transport: "roce".into(),
+            qpn: self.qpn,
+            qp_type: format!("{:?}", qp.qp_type).to_uppercase(),
+            state: qp.state().to_string(),
+            counters,
+        })
     }
 }
 
