@@ -39,10 +39,14 @@ struct Registry {
     reported: HashMap<usize, u32>,
 }
 
-static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+/// Per fork generation (see `softrdma_verbs::fork`).
+static REGISTRY: softrdma_verbs::fork::PerProcess<Mutex<Option<Registry>>> = softrdma_verbs::fork::PerProcess::new();
 
 fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
-    let mut g = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut g = REGISTRY
+        .get_or_init(|| Mutex::new(None))
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     f(g.get_or_insert_with(Registry::default))
 }
 

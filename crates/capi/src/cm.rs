@@ -15,6 +15,7 @@
 //! Events name Rust ids; the C id of an event is found in a small registry (events are not on
 //! the data path). Errors follow librdmacm: -1 and errno; event status is a negative errno.
 
+use softrdma_verbs::fork::PerProcess;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::mem::{offset_of, size_of};
@@ -110,11 +111,12 @@ static FLUSH_CM_AT_EXIT: extern "C" fn() = flush_cm_at_exit;
 
 /// `(device name, ibv_context address, default PD address)`, opened on first use and kept for
 /// the process lifetime (librdmacm keeps one context per device).
-static CM_DEVICES: Mutex<Vec<(String, usize, usize)>> = Mutex::new(Vec::new());
+/// Per fork generation: a forked child opens its own (see `softrdma_verbs::fork`).
+static CM_DEVICES: PerProcess<Mutex<Vec<(String, usize, usize)>>> = PerProcess::new();
 
 /// The process-wide context and default PD of `dev`.
 pub(crate) fn device_handles(dev: &DeviceInfo) -> CResult<(*mut ibv_context, *mut ibv_pd)> {
-    let mut devs = lock(&CM_DEVICES);
+    let mut devs = lock(CM_DEVICES.get_or_init(|| Mutex::new(Vec::new())));
     if let Some((_, ctx, pd)) = devs.iter().find(|(name, _, _)| *name == dev.name) {
         return Ok((*ctx as *mut ibv_context, *pd as *mut ibv_pd));
     }
@@ -261,14 +263,15 @@ pub(crate) struct SoftCmId {
 }
 c_object!(SoftCmId, rdma_cm_id, "id");
 
-/// `(CM id, C id address)` of every live C id.
-static IDS: Mutex<Vec<(CmId, usize)>> = Mutex::new(Vec::new());
+/// `(CM id, C id address)` of every live C id (per fork generation).
+static IDS: PerProcess<Mutex<Vec<(CmId, usize)>>> = PerProcess::new();
+
+fn ids() -> MutexGuard<'static, Vec<(CmId, usize)>> {
+    lock(IDS.get_or_init(|| Mutex::new(Vec::new())))
+}
 
 fn c_id_of(id: &CmId) -> Option<*mut rdma_cm_id> {
-    lock(&IDS)
-        .iter()
-        .find(|(i, _)| i == id)
-        .map(|&(_, a)| a as *mut rdma_cm_id)
+    ids().iter().find(|(i, _)| i == id).map(|&(_, a)| a as *mut rdma_cm_id)
 }
 
 /// `IBV_QPT_*` of a port space, as librdmacm's `ucma_get_qp_type`.
@@ -385,7 +388,7 @@ fn new_c_id(
     };
     soft.refresh()?;
     let p = soft.into_c();
-    lock(&IDS).push((id, p as usize));
+    ids().push((id, p as usize));
     Ok(p)
 }
 
@@ -419,7 +422,7 @@ fn destroy_id(p: *mut rdma_cm_id) -> CResult<c_int> {
     let soft = unsafe { SoftCmId::from_c(p)? };
     // Waits until every event of the id taken from its channel is acknowledged.
     soft.id.clone().destroy()?;
-    lock(&IDS).retain(|&(_, a)| a != p as usize);
+    ids().retain(|&(_, a)| a != p as usize);
     // SAFETY: C gives the pointer up with this call; nothing refers to it any more.
     drop(unsafe { SoftCmId::from_c_owned(p) });
     Ok(0)
@@ -999,7 +1002,7 @@ fn new_child(child: &CmId, listener: &CmId) -> CResult<Option<(*mut rdma_cm_id, 
     // The listener's fields are read under the registry lock: destroy_id unregisters (under it)
     // before freeing, and the listener does not wait for CONNECT_REQUESTs to be acked.
     let inherited = {
-        let ids = lock(&IDS);
+        let ids = ids();
         ids.iter().find(|(i, _)| i == listener).map(|&(_, a)| {
             // SAFETY: registered ids are live while the registry lock is held.
             let l = unsafe { &*(a as *const SoftCmId) };

@@ -46,14 +46,21 @@ impl SoftContext {
 /// Offset of the `struct ibv_context` handed to C inside a [`SoftContext`].
 const IBV_CONTEXT_OFFSET: usize = offset_of!(SoftContext, vctx) + offset_of!(verbs_context, context);
 
-/// Addresses of the `struct ibv_context`s of open contexts.
-static OPEN: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Addresses of the `struct ibv_context`s of open contexts, per fork generation: a forked
+/// child sees none of the parent's contexts as open (see `softrdma_verbs::fork`).
+static OPEN: softrdma_verbs::fork::PerProcess<Mutex<Vec<usize>>> = softrdma_verbs::fork::PerProcess::new();
+
+fn open_contexts() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    OPEN.get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Runs `f` on the open context behind `ctx`; EINVAL if `ctx` is not an open context of this
 /// library. The context cannot be closed while `f` runs.
 pub(crate) fn with_context<R>(ctx: *mut ibv_context, f: impl FnOnce(&SoftContext) -> CResult<R>) -> CResult<R> {
     non_null(ctx, "context")?;
-    let open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+    let open = open_contexts();
     if !open.contains(&(ctx as usize)) {
         return Err(CError::inval("not an open context of this library"));
     }
@@ -100,13 +107,13 @@ pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> 
     let raw = Box::into_raw(Box::new(SoftContext { vctx, verbs }));
     // SAFETY: `raw` is a live allocation from Box::into_raw; taking a field address.
     let ctx = unsafe { ptr::addr_of_mut!((*raw).vctx.context) };
-    OPEN.lock().unwrap_or_else(PoisonError::into_inner).push(ctx as usize);
+    open_contexts().push(ctx as usize);
     Ok(ctx)
 }
 
 fn close_device(ctx: *mut ibv_context) -> CResult<c_int> {
     non_null(ctx, "context")?;
-    let mut open = OPEN.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut open = open_contexts();
     let Some(pos) = open.iter().position(|&a| a == ctx as usize) else {
         return Err(CError::inval("not an open context of this library"));
     };

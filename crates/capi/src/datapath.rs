@@ -62,6 +62,11 @@ fn poll_cq(cq: &SoftCq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     if want > 0 && wc.is_null() {
         return -libc::EINVAL;
     }
+    if cq.cq.is_stale() {
+        // Inherited through fork: the parent's threads fill it, not this process's.
+        crate::error::report(CError::from(softrdma_verbs::fork::stale_error("ibv_poll_cq")));
+        return -libc::EIO;
+    }
     let mut batch = [WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0); POLL_BATCH];
     let mut done = 0;
     while done < want {

@@ -37,6 +37,28 @@ fn registry() -> MutexGuard<'static, Vec<&'static SoftDevice>> {
     REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The device registry and every device's info, locked by the thread that forks (from the
+/// `pthread_atfork` prepare handler to the parent and child handlers, see `fork`): a child
+/// inherits device objects that work (a device list taken before `fork` opens in the child),
+/// so their locks must not be held by a thread the child does not have.
+pub(crate) struct DeviceHold {
+    _infos: Vec<MutexGuard<'static, DeviceInfo>>,
+    _reg: MutexGuard<'static, Vec<&'static SoftDevice>>,
+}
+
+/// Takes the locks of [`DeviceHold`] (the registry first, as `current_devices` does).
+pub(crate) fn hold_for_fork() -> DeviceHold {
+    let reg = registry();
+    let infos = reg
+        .iter()
+        .map(|d| d.info.lock().unwrap_or_else(PoisonError::into_inner))
+        .collect();
+    DeviceHold {
+        _infos: infos,
+        _reg: reg,
+    }
+}
+
 /// `(node_type, transport_type)` of a transport, as the kernel reports them: an iWARP RNIC,
 /// or (RoCE, like rxe) an InfiniBand CA.
 fn node_and_transport(t: TransportKind) -> (c_int, c_int) {
@@ -122,6 +144,7 @@ pub(crate) fn by_ibdev_path(dir: &[u8]) -> Option<&'static SoftDevice> {
 
 /// The devices present now, in the verbs crate's order, creating objects for new ones.
 pub(crate) fn current_devices() -> CResult<Vec<&'static SoftDevice>> {
+    crate::fork::install();
     let infos = list_devices().map_err(|e| CError::from(e).loud())?;
     let mut reg = registry();
     let mut out = Vec::with_capacity(infos.len());

@@ -44,9 +44,12 @@ macro_rules! c_object {
             /// The addresses of the live objects of this type (created by [`Self::into_c`],
             /// not yet taken back by [`Self::from_c_owned`]): a pointer C passes in is one of
             /// them or it is refused, whatever it points at.
+            ///
+            /// One set per fork generation: in a forked child, the parent's objects are not
+            /// live (EINVAL), and the set's lock was never held by a parent's thread.
             fn live() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
-                static LIVE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<usize>>> =
-                    std::sync::OnceLock::new();
+                static LIVE: softrdma_verbs::fork::PerProcess<std::sync::Mutex<std::collections::HashSet<usize>>> =
+                    softrdma_verbs::fork::PerProcess::new();
                 LIVE.get_or_init(Default::default)
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -504,6 +504,16 @@ fn c_program_connects_through_the_cm() {
 }
 
 #[test]
+fn a_forked_child_gets_a_working_library_and_the_parent_keeps_working() {
+    // tests/c/fork.c: the child runs verified RC traffic on rxe_lo and an rdma_cm connection
+    // on siw_lo; the parent's objects fail in it at once; the parent's RC traffic stays
+    // verified meanwhile, and its listener's port is free again while the child lives.
+    let r = c_program_with("fork", RXE_LO);
+    assert!(r.stdout.contains("child: PASSED: 0 failure(s)"), "{}", r.describe());
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
+}
+
+#[test]
 fn unimplemented_paths_fail_cleanly_in_the_binaries() {
     let r = run(Command::new(binary("rstream")).args(["-s", "127.0.0.1"]));
     assert_eq!(r.code, Some(255), "{}", r.describe());

@@ -10,8 +10,13 @@ const TTL: Duration = Duration::from_secs(1);
 
 /// The device list, at most [`TTL`] old.
 pub fn cached() -> Result<Vec<DeviceInfo>> {
-    static CACHE: Mutex<Option<(Instant, Vec<DeviceInfo>)>> = Mutex::new(None);
-    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    // One cache per fork generation (its lock may be held at a fork, see softrdma_verbs::fork).
+    type Cache = Mutex<Option<(Instant, Vec<DeviceInfo>)>>;
+    static CACHE: softrdma_verbs::fork::PerProcess<Cache> = softrdma_verbs::fork::PerProcess::new();
+    let mut c = CACHE
+        .get_or_init(|| Mutex::new(None))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     if let Some((at, devs)) = c.as_ref() {
         if at.elapsed() < TTL {
             return Ok(devs.clone());

@@ -161,7 +161,9 @@ fn first_conflict(me: &Binding, my_owner: &str, names: &[String], reuse: bool) -
 pub(crate) struct PortClaim {
     binding: Binding,
     owner: String,
-    _sock: UnixDatagram,
+    /// A forked child drops its copy (see `softrdma_verbs::fork`): the claim ends with the
+    /// parent's id, not with the last process holding the socket.
+    _sock: softrdma_verbs::fork::CloseInChild<UnixDatagram>,
 }
 
 fn next_owner() -> String {
@@ -203,7 +205,7 @@ impl PortClaim {
         let claim = PortClaim {
             binding: b,
             owner,
-            _sock: sock,
+            _sock: softrdma_verbs::fork::CloseInChild::new(sock),
         };
         let names = claim_names(claim.binding.ps, claim.binding.port)?;
         if let Some((errno, other)) = first_conflict(&claim.binding, &claim.owner, &names, claim.binding.reuse) {
@@ -235,7 +237,7 @@ impl PortClaim {
         b.reuse = reuse;
         let owner = next_owner();
         // The new name before the old one goes: the port is never unclaimed in between.
-        self._sock = register(&b, &owner)?;
+        self._sock = softrdma_verbs::fork::CloseInChild::new(register(&b, &owner)?);
         self.binding = b;
         self.owner = owner;
         Ok(())

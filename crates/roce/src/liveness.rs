@@ -13,16 +13,22 @@ pub trait PeerLostHandler: Send + Sync {
     fn on_peer_lost(&self, qpn: u32, peer: IpAddr, why: &str);
 }
 
-static HANDLER: RwLock<Option<Arc<dyn PeerLostHandler>>> = RwLock::new(None);
+/// The handler of each fork generation (a forked child's CM installs its own).
+static HANDLER: softrdma_verbs::fork::PerProcess<RwLock<Option<Arc<dyn PeerLostHandler>>>> =
+    softrdma_verbs::fork::PerProcess::new();
+
+fn handler() -> &'static RwLock<Option<Arc<dyn PeerLostHandler>>> {
+    HANDLER.get_or_init(|| RwLock::new(None))
+}
 
 /// Installs the process's peer-loss handler (replacing any earlier one).
 pub fn set_peer_lost_handler(h: Arc<dyn PeerLostHandler>) {
-    *HANDLER.write().unwrap_or_else(|p| p.into_inner()) = Some(h);
+    *handler().write().unwrap_or_else(|p| p.into_inner()) = Some(h);
 }
 
 /// Tells the handler, if there is one.
 pub(crate) fn report(qpn: u32, peer: IpAddr, why: &str) {
-    let h = HANDLER.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let h = handler().read().unwrap_or_else(|p| p.into_inner()).clone();
     match h {
         Some(h) => h.on_peer_lost(qpn, peer, why),
         None => tracing::debug!(qpn, %peer, "soft-RoCE: peer lost ({why}); no connection manager to tell"),

@@ -30,6 +30,8 @@ struct CqState {
 #[derive(Debug)]
 pub struct CqInner {
     id: u64,
+    /// The fork generation that created it (see `fork`).
+    fork_gen: u32,
     /// Entries it holds (`ibv_resize_cq` changes it).
     capacity: AtomicUsize,
     state: Mutex<CqState>,
@@ -117,6 +119,7 @@ impl Cq {
         Ok(Cq {
             inner: Arc::new(CqInner {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
+                fork_gen: crate::fork::generation(),
                 capacity: AtomicUsize::new(cqe as usize),
                 events,
                 state: Mutex::new(CqState {
@@ -186,8 +189,18 @@ impl Cq {
         Ok(())
     }
 
-    /// Takes up to `out.len()` completions; returns how many (`ibv_poll_cq`).
+    /// True for a CQ inherited through `fork`: it is not polled in this process (its
+    /// completions belong to the parent's threads, see `fork`).
+    pub fn is_stale(&self) -> bool {
+        crate::fork::is_stale(self.inner.fork_gen)
+    }
+
+    /// Takes up to `out.len()` completions; returns how many (`ibv_poll_cq`); none from a CQ
+    /// created before a `fork` ([`Cq::is_stale`]).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.is_stale() {
+            return 0;
+        }
         let n = {
             let Ok(mut st) = self.inner.state.lock() else { return 0 };
             let n = out.len().min(st.entries.len());
@@ -204,6 +217,9 @@ impl Cq {
 
     /// Takes one completion, if any.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
+        if self.is_stale() {
+            return None;
+        }
         let wc = self.inner.state.lock().ok()?.entries.pop_front();
         yield_if_spinning(wc.is_none());
         wc
@@ -218,6 +234,9 @@ impl Cq {
     /// completion) posts one event to the channel. Completions already queued do not fire.
     /// Without a channel arming succeeds and has no effect.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.is_stale() {
+            return Err(crate::fork::stale_error("req_notify_cq"));
+        }
         // A CQ without a channel accepts arming (as rdma-core's providers do); nothing fires.
         let Ok(mut st) = self.inner.state.lock() else {
             bail!(Io, "req_notify_cq: CQ {} state poisoned", self.inner.id)

@@ -13,6 +13,7 @@ pub mod context;
 pub mod cq;
 pub mod device;
 mod error;
+pub mod fork;
 pub mod memory;
 pub mod mr;
 pub mod mw;

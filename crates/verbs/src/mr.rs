@@ -10,7 +10,7 @@ use crate::wr::Access;
 use crate::{bail, Errno, Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 /// The registered state of one MR, shared with the data path.
 #[derive(Debug)]
@@ -92,7 +92,9 @@ struct KeyTable {
 }
 
 fn table() -> &'static RwLock<KeyTable> {
-    static T: OnceLock<RwLock<KeyTable>> = OnceLock::new();
+    // One table per fork generation: a child never waits for a lock the parent's progress
+    // thread held at the fork, and the parent's keys mean nothing to the child's QPs.
+    static T: crate::fork::PerProcess<RwLock<KeyTable>> = crate::fork::PerProcess::new();
     T.get_or_init(|| RwLock::new(KeyTable::default()))
 }
 

@@ -61,7 +61,30 @@ struct Watched {
     events: AsyncEvents,
 }
 
-static WATCHED: Mutex<Vec<Watched>> = Mutex::new(Vec::new());
+/// The watched ports and the watcher thread of each fork generation (see `fork`).
+struct Watcher {
+    watched: Mutex<Vec<Watched>>,
+    started: std::sync::Once,
+}
+
+impl Watcher {
+    fn new() -> Watcher {
+        Watcher {
+            watched: Mutex::new(Vec::new()),
+            started: std::sync::Once::new(),
+        }
+    }
+}
+
+static WATCHER: crate::fork::PerProcess<Watcher> = crate::fork::PerProcess::new();
+
+fn watched() -> std::sync::MutexGuard<'static, Vec<Watched>> {
+    WATCHER
+        .get_or_init(Watcher::new)
+        .watched
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
 
 /// The link state of `netdev`: ACTIVE when it is up with carrier (`operstate` "up", or
 /// "unknown" for interfaces such as `lo` that do not report one), DOWN otherwise or when it
@@ -87,7 +110,7 @@ pub fn link_state(netdev: &str) -> PortState {
 /// Starts watching `netdev` for `port`, posting its events to `events`; the watch ends when
 /// the port (its context) is dropped.
 pub fn watch(netdev: &str, port: &Arc<LivePort>, events: &AsyncEvents) {
-    let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut w = watched();
     if w.iter()
         .any(|x| x.port.upgrade().is_some_and(|p| Arc::ptr_eq(&p, port)))
     {
@@ -106,8 +129,7 @@ pub fn watch(netdev: &str, port: &Arc<LivePort>, events: &AsyncEvents) {
 }
 
 fn start_thread() {
-    static STARTED: std::sync::Once = std::sync::Once::new();
-    STARTED.call_once(|| {
+    WATCHER.get_or_init(Watcher::new).started.call_once(|| {
         let spawned = std::thread::Builder::new()
             .name("softrdma-ports".into())
             .spawn(|| loop {
@@ -122,7 +144,7 @@ fn start_thread() {
 
 /// One round: every watched port's link read once (once per netdev), changes reported.
 pub fn poll_once() {
-    let mut w = WATCHED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut w = watched();
     w.retain(|x| x.port.strong_count() > 0);
     let mut seen: Vec<(String, PortState)> = Vec::new();
     for x in w.iter() {

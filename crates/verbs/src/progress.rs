@@ -5,10 +5,11 @@
 //! thread sleeps in `epoll_wait` when idle (≈0% CPU). With `SOFTRDMA_POLL=1` it never sleeps:
 //! it spins on `epoll_wait(…, 0)`, trading a CPU for the ~50 µs cross-CPU wakeup.
 
+use crate::fork::PerProcess;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Identifies a registered source.
@@ -52,6 +53,8 @@ struct State {
     kicked: Vec<Token>,
     timers: BinaryHeap<Reverse<(Instant, Token)>>,
     sleeping: bool,
+    /// The fd of each source registered with one (a forked child replaces them, see `fork`).
+    fds: HashMap<Token, RawFd>,
 }
 
 /// The reactor. One per process: [`Reactor::global`].
@@ -77,8 +80,7 @@ impl Reactor {
     /// The process-wide reactor; starts the progress thread on first use.
     /// Fails only if the OS refuses an epoll fd, an eventfd or a thread.
     pub fn global() -> crate::Result<&'static Arc<Reactor>> {
-        static R: OnceLock<std::result::Result<Arc<Reactor>, String>> = OnceLock::new();
-        let r = R.get_or_init(|| {
+        let r = REACTOR.get_or_init(|| {
             let r = Arc::new(Reactor::new().map_err(|e| format!("epoll/eventfd: {e}"))?);
             let r2 = r.clone();
             std::thread::Builder::new()
@@ -93,6 +95,11 @@ impl Reactor {
                 format!("softrdma: cannot start the progress thread: {e}"),
             )
         })
+    }
+
+    /// This process's reactor if it was started (not one inherited through `fork`).
+    pub fn existing() -> Option<&'static Arc<Reactor>> {
+        REACTOR.get().and_then(|r| r.as_ref().ok())
     }
 
     fn new() -> std::io::Result<Reactor> {
@@ -128,6 +135,7 @@ impl Reactor {
                 kicked: Vec::new(),
                 timers: BinaryHeap::new(),
                 sleeping: false,
+                fds: HashMap::new(),
             }),
             polling,
         })
@@ -154,7 +162,14 @@ impl Reactor {
 
     /// Registers `fd` with the given interest.
     pub fn register(&self, fd: RawFd, interest: Interest, source: Arc<dyn Source>) -> std::io::Result<Token> {
-        let token = self.add(source);
+        let token = {
+            let mut st = self.lock();
+            let t = st.next;
+            st.next += 1;
+            st.sources.insert(t, source);
+            st.fds.insert(t, fd);
+            t
+        };
         let mut ev = libc::epoll_event {
             events: epoll_events(interest),
             u64: token,
@@ -162,7 +177,9 @@ impl Reactor {
         // SAFETY: valid epoll fd; `fd` is owned by the caller and open; valid event struct.
         if unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
             let e = std::io::Error::last_os_error();
-            self.lock().sources.remove(&token);
+            let mut st = self.lock();
+            st.sources.remove(&token);
+            st.fds.remove(&token);
             return Err(e);
         }
         Ok(token)
@@ -184,7 +201,9 @@ impl Reactor {
             // SAFETY: valid epoll fd; failure (fd already gone) is harmless.
             unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         }
-        self.lock().sources.remove(&token);
+        let mut st = self.lock();
+        st.sources.remove(&token);
+        st.fds.remove(&token);
     }
 
     /// Asks the progress thread to call the source with `kicked` soon. Callable from any thread.
@@ -303,6 +322,34 @@ impl Reactor {
                 s.on_event(token, ev);
             }
         }
+    }
+}
+
+/// The reactor of each fork generation (see `fork`).
+static REACTOR: PerProcess<std::result::Result<Arc<Reactor>, String>> = PerProcess::new();
+
+/// The reactor's lock, held across `fork` by the forking thread (see `fork`): the child then
+/// finds the fd table complete, and replaces those fds.
+pub(crate) struct ForkHold {
+    reactor: &'static Reactor,
+    state: std::sync::MutexGuard<'static, State>,
+}
+
+impl ForkHold {
+    /// Locks this process's reactor, if it has one.
+    pub(crate) fn take() -> Option<ForkHold> {
+        let reactor: &'static Reactor = Reactor::existing()?;
+        Some(ForkHold {
+            reactor,
+            state: reactor.lock(),
+        })
+    }
+
+    /// Every fd the reactor owns or drives: its epoll fd, its waker and each source's fd.
+    pub(crate) fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        [self.reactor.epfd.as_raw_fd(), self.reactor.waker.as_raw_fd()]
+            .into_iter()
+            .chain(self.state.fds.values().copied())
     }
 }
 

@@ -168,6 +168,8 @@ pub struct QpInner {
     pub send_cq: Cq,
     /// Receive CQ.
     pub recv_cq: Cq,
+    /// The fork generation that created it (see `fork`).
+    fork_gen: u32,
     /// SRQ, if any.
     pub srq: Option<Srq>,
     /// Sizes granted.
@@ -455,6 +457,7 @@ impl Qp {
                 pd: pd.clone(),
                 send_cq: init.send_cq,
                 recv_cq: init.recv_cq,
+                fork_gen: crate::fork::generation(),
                 srq: init.srq,
                 cap: QpCap {
                     max_send_wr: cap.max_send_wr.max(1),
@@ -783,6 +786,9 @@ impl Qp {
 
     fn post_send_impl(&self, wrs: &[SendWr], raw_inline: bool) -> std::result::Result<(), (usize, Error)> {
         let qpn = self.inner.qpn;
+        if crate::fork::is_stale(self.inner.fork_gen) {
+            return Err((0, crate::fork::stale_error(&format!("post_send on QP {qpn}"))));
+        }
         let mut posted = false;
         let mut flush_now = Vec::new();
         let mut result = Ok(());
@@ -846,6 +852,9 @@ impl Qp {
     /// Posts receive WRs (`ibv_post_recv`). On error: index of the bad WR.
     pub fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), (usize, Error)> {
         let qpn = self.inner.qpn;
+        if crate::fork::is_stale(self.inner.fork_gen) {
+            return Err((0, crate::fork::stale_error(&format!("post_recv on QP {qpn}"))));
+        }
         if self.inner.srq.is_some() {
             return Err((
                 0,

@@ -25,6 +25,8 @@ pub struct SrqInner {
     /// Process-unique id (names the SRQ in async events).
     pub id: u64,
     pd: Pd,
+    /// The fork generation that created it (see `fork`).
+    fork_gen: u32,
     attr: Mutex<SrqAttr>,
     queue: Mutex<VecDeque<RecvWr>>,
     /// QPs attached.
@@ -97,6 +99,7 @@ impl Srq {
             inner: Arc::new(SrqInner {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
                 pd: pd.clone(),
+                fork_gen: crate::fork::generation(),
                 attr: Mutex::new(attr),
                 queue: Mutex::new(VecDeque::new()),
                 users: AtomicU32::new(0),
@@ -116,6 +119,9 @@ impl Srq {
 
     /// Posts receive WRs (`ibv_post_srq_recv`); on error, the index of the bad WR.
     pub fn post_recv(&self, wrs: &[RecvWr]) -> std::result::Result<(), (usize, crate::Error)> {
+        if crate::fork::is_stale(self.inner.fork_gen) {
+            return Err((0, crate::fork::stale_error("post_srq_recv")));
+        }
         let attr = self.query();
         let Ok(mut q) = self.inner.queue.lock() else {
             return Err((0, crate::Error::new(crate::Errno::Io, "post_srq_recv: SRQ poisoned")));

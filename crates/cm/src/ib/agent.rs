@@ -20,7 +20,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// Work for the worker thread.
@@ -121,7 +121,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-static AGENT: OnceLock<std::result::Result<Arc<Agent>, Error>> = OnceLock::new();
+/// The agent of each fork generation: a forked child starts its own worker thread (see
+/// `softrdma_verbs::fork`).
+static AGENT: softrdma_verbs::fork::PerProcess<std::result::Result<Arc<Agent>, Error>> =
+    softrdma_verbs::fork::PerProcess::new();
 
 impl Agent {
     /// The agent, started on first use (driver endpoint, MAD handler, worker thread).

@@ -6,6 +6,7 @@ use super::net::{self, ROCE_PORT};
 use super::qpn::{make_qpn, split_qpn, GSI_QPN, MULTICAST_QPN, QPS_PER_PORT};
 use super::slot::Slot;
 use super::stats::DriverCounters;
+use softrdma_verbs::fork::{CloseInChild, PerProcess};
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::{Errno, Error, Result};
 use softrdma_wire::roce::{check_icrc, check_icrc_any_id, icrc, icrc_bytes, IcrcIp};
@@ -31,7 +32,7 @@ pub(crate) struct Home {
     cursor: std::sync::atomic::AtomicUsize,
     token: OnceLock<Token>,
     /// Marks `port` as a softrdma home port, so other processes forward to it (`forward`).
-    _marker: Option<UnixDatagram>,
+    _marker: Option<CloseInChild<UnixDatagram>>,
 }
 
 thread_local! {
@@ -54,11 +55,13 @@ fn mark_dirty(slot: Arc<Slot>) {
     });
 }
 
-static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new();
+/// The endpoint of each fork generation: a forked child opens its own sockets and QP table
+/// (see `softrdma_verbs::fork`).
+static EP: PerProcess<std::result::Result<Arc<Endpoint>, Error>> = PerProcess::new();
 
 /// A claimed service: its socket (REQs forwarded to it arrive here), its reactor token, and
 /// the marker socket naming this process's home port (see `mads`).
-type Claimed = (UnixDatagram, Token, Option<UnixDatagram>);
+type Claimed = (UnixDatagram, Token, Option<CloseInChild<UnixDatagram>>);
 
 /// What the progress thread is woken for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,7 +235,8 @@ impl Endpoint {
         let (sock, port) = net::bind_home().map_err(|e| io_err("cannot open a UDP socket", e))?;
         let marker = forward::bind_home_marker(port)
             .map_err(|e| tracing::warn!(port, "soft-RoCE: cannot mark the home port: {e}"))
-            .ok();
+            .ok()
+            .map(CloseInChild::new);
         let home = Arc::new(Home {
             port,
             sock,
@@ -447,7 +451,7 @@ impl Endpoint {
             .register(sock.as_raw_fd(), READ, Arc::new(Driven(me)))
             .map_err(|e| Error::new(Errno::Io, format!("soft-RoCE: epoll: {e}")))?;
         lock(&self.roles).insert(t, Role::Service(sid));
-        lock(&self.services).insert(sid, (sock, t, marker));
+        lock(&self.services).insert(sid, (sock, t, marker.map(CloseInChild::new)));
         Ok(())
     }
 

@@ -18,8 +18,9 @@ use softrdma_verbs::{Access, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_wire::roce::{AtomicEth, RoceOpcode, RocePacket};
 use std::sync::{Arc, Mutex};
 
-/// Serialises atomics on registered memory across all QPs of the process.
-static ATOMIC_LOCK: Mutex<()> = Mutex::new(());
+/// Serialises atomics on registered memory across all QPs of the process (one lock per fork
+/// generation: a child never waits for the parent's progress thread, see `softrdma_verbs::fork`).
+static ATOMIC_LOCK: softrdma_verbs::fork::PerProcess<Mutex<()>> = softrdma_verbs::fork::PerProcess::new();
 
 impl Responder {
     /// Executes the request at the expected PSN.
@@ -389,7 +390,10 @@ impl Responder {
 /// Compare-and-swap or fetch-and-add on the 8 bytes at `off` (host byte order, as the
 /// application sees them); returns the original value. None if out of bounds.
 fn atomic_rmw(mr: &Arc<MrInner>, off: usize, cmp_swap: bool, a: &AtomicEth) -> Option<u64> {
-    let _guard = ATOMIC_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = ATOMIC_LOCK
+        .get_or_init(|| Mutex::new(()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     let mut cur = [0u8; 8];
     if !mr.region.read(off, &mut cur) {
         return None;
