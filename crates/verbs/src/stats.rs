@@ -8,6 +8,7 @@
 //! their socket names in `/proc/net/unix`. Abstract sockets belong to a network namespace: a
 //! process in another one is seen from inside it.
 
+use crate::fork::{CloseInChild, PerProcess};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::linux::net::SocketAddrExt;
@@ -92,9 +93,10 @@ pub trait CounterSource: Send + Sync {
     fn qp_stats(&self) -> Option<QpStats>;
 }
 
+/// The live QPs, once per fork generation (a child starts empty; see `crate::fork`).
 fn registry() -> &'static Mutex<Vec<Weak<dyn CounterSource>>> {
-    static R: Mutex<Vec<Weak<dyn CounterSource>>> = Mutex::new(Vec::new());
-    &R
+    static R: PerProcess<Mutex<Vec<Weak<dyn CounterSource>>>> = PerProcess::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 /// Adds a live QP; it leaves the registry when its last strong reference goes. Starts the
@@ -141,15 +143,17 @@ fn ensure_server() {
             return;
         }
     };
+    // A forked child must not keep the parent's socket open (it serves its own).
+    let listener = CloseInChild::new(listener);
     let spawned = std::thread::Builder::new()
         .name("softrdma-stat".into())
-        .spawn(move || serve(listener));
+        .spawn(move || serve(&listener));
     if let Err(e) = spawned {
         tracing::debug!(%e, "softrdma stat: no counter thread for this process");
     }
 }
 
-fn serve(listener: UnixListener) {
+fn serve(listener: &UnixListener) {
     let me = nix::unistd::getuid();
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
