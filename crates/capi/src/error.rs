@@ -182,13 +182,13 @@ fn fail(e: CError) -> c_int {
 /// `SOFTRDMA_QUIET=1`: the hints of loud errors are not printed (`SOFTRDMA_DEBUG=1` wins).
 fn quiet() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SOFTRDMA_QUIET").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| softrdma_verbs::settings::QUIET.is_on())
 }
 
 /// `SOFTRDMA_DEBUG=1`: print every failing call with its reason (not only the loud ones).
 fn debug_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SOFTRDMA_DEBUG").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| softrdma_verbs::settings::DEBUG.is_on())
 }
 
 fn set_errno(errno: c_int) {
@@ -324,19 +324,11 @@ pub(crate) fn non_null<T>(p: *const T, what: &str) -> CResult<()> {
     Ok(())
 }
 
-/// `SOFTRDMA_LOG=<filter>` (tracing's env-filter syntax, e.g. `debug` or `softrdma_roce=debug`)
-/// prints the library's diagnostics to stderr. Installed once, on the first call into the
-/// library; a host application that installed its own subscriber keeps it.
+/// `SOFTRDMA_LOG=<filter>` prints the library's diagnostics to stderr (the CLI's setup,
+/// `softrdma_verbs::logging`). Installed on the first call into the library; a host
+/// application that installed its own subscriber keeps it.
 fn init_logging() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if let Ok(filter) = std::env::var("SOFTRDMA_LOG") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
-    });
+    softrdma_verbs::logging::init(softrdma_verbs::logging::LogUser::Library);
 }
 
 #[cfg(test)]

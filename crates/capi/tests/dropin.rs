@@ -454,11 +454,15 @@ fn registered_memory_never_faults_and_never_strays() {
     let exe = common::compile_c("mr_safety", dropin_dir().join("libibverbs.so.1").as_os_str());
     for (transports, extra) in [("iwarp", ""), ("roce", RXE_LO)] {
         let cfg = lo_config(&format!("capi-config-mr-safety-{transports}"), extra);
-        let r = run(Command::new(&exe)
-            .arg(&rounds)
-            .env("SOFTRDMA_CONFIG", &cfg)
-            .env("SOFTRDMA_TRANSPORTS", transports)
-            .env("SOFTRDMA_QUIET", "1"));
+        // About 0.1 s a round here (debug build); the program's own alarm() is 600 s.
+        let r = common::Proc::start(
+            Command::new(&exe)
+                .arg(&rounds)
+                .env("SOFTRDMA_CONFIG", &cfg)
+                .env("SOFTRDMA_TRANSPORTS", transports)
+                .env("SOFTRDMA_QUIET", "1"),
+        )
+        .wait(std::time::Duration::from_secs(660));
         assert_eq!(r.code, Some(0), "{transports}: {}", r.describe());
         assert!(
             r.stdout.contains("PASSED: 0 failure(s)"),

@@ -45,7 +45,7 @@ pub struct RunArgs {
 
 /// The drop-in directory (see the module documentation).
 pub fn locate() -> Result<PathBuf, DropinError> {
-    if let Some(dir) = std::env::var_os("SOFTRDMA_DROPIN_DIR") {
+    if let Some(dir) = softrdma_verbs::settings::DROPIN_DIR.os() {
         let dir = PathBuf::from(dir);
         return if serves(&dir) {
             Ok(absolute(&dir))
@@ -107,7 +107,7 @@ pub fn run(args: &RunArgs) -> ExitCode {
         // UCX lists a verbs device only if its /dev/infiniband node exists (crate::rdma_view)
         match crate::rdma_view::provide(crate::rdma_view::node_count()) {
             Ok(p) => tracing::debug!("softrdma run: device nodes: {p:?}"),
-            Err(e) if std::env::var("SOFTRDMA_QUIET").is_ok_and(|v| v == "1") => {
+            Err(e) if softrdma_verbs::settings::QUIET.is_on() => {
                 tracing::debug!("softrdma run: no device nodes: {e}")
             }
             Err(e) => eprintln!(

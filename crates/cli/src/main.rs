@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmatose;
 mod devices;
@@ -49,7 +49,14 @@ enum Command {
 
 fn main() -> ExitCode {
     init_tracing();
-    let cli = Cli::parse();
+    let cli = match Cli::command()
+        .after_long_help(softrdma_verbs::settings::help_text())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result: CmdResult = match cli.command {
         Command::Devices(args) => devices::run(&args),
         Command::Perf(args) => perf::run(&args),
@@ -70,14 +77,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: warnings and errors).
+/// Logs to stderr, filtered by `SOFTRDMA_LOG`, else `RUST_LOG` (default: warnings and
+/// errors): the library's setup (`softrdma_verbs::logging`).
 fn init_tracing() {
-    use tracing_subscriber::{filter::LevelFilter, EnvFilter};
-    let filter = EnvFilter::builder()
-        .with_default_directive(LevelFilter::WARN.into())
-        .from_env_lossy();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    softrdma_verbs::logging::init(softrdma_verbs::logging::LogUser::Tool);
 }

@@ -205,3 +205,23 @@ fn config_file_can_name_roce_devices() {
     assert_eq!(devices[0]["transport"], "roce");
     assert_eq!(devices[0]["gids"][0]["gid"], "::ffff:127.0.0.1");
 }
+
+/// `softrdma --help` lists every environment variable of the typed table, with its default.
+#[test]
+fn help_lists_every_environment_variable() {
+    let out = softrdma(None, &["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for v in softrdma_verbs::settings::ALL {
+        assert!(
+            text.contains(&format!("{}={}", v.name, v.value)),
+            "{} missing:\n{text}",
+            v.name
+        );
+        assert!(
+            text.contains(&format!("[default: {}]", v.default)),
+            "{} default missing",
+            v.name
+        );
+    }
+}

@@ -125,7 +125,7 @@ impl Reactor {
         if unsafe { libc::epoll_ctl(epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, waker.as_raw_fd(), &mut ev) } < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let polling = std::env::var("SOFTRDMA_POLL").map(|v| v == "1").unwrap_or(false);
+        let polling = crate::settings::POLL.is_on();
         Ok(Reactor {
             epfd,
             waker,

@@ -5,9 +5,9 @@ use softrdma_wire::ibcm::{cm_req_timeout_ms, cm_timeout_ms, CMA_CM_RESPONSE_TIME
 use std::time::Duration;
 
 /// Environment variable: the wait for an answer to each REQ, REP, DREQ or SIDR_REQ, in ms.
-pub const TIMEOUT_ENV: &str = "SOFTRDMA_CM_TIMEOUT_MS";
+pub const TIMEOUT_ENV: &str = softrdma_verbs::settings::CM_TIMEOUT_MS.name;
 /// Environment variable: how often a REQ, REP, DREQ or SIDR_REQ is sent again (0..=15).
-pub const RETRIES_ENV: &str = "SOFTRDMA_CM_RETRIES";
+pub const RETRIES_ENV: &str = softrdma_verbs::settings::CM_RETRIES.name;
 
 /// Packet lifetime exponent rdma_cm uses on RoCE (`CMA_IBOE_PACKET_LIFETIME`, ≈268 ms).
 pub const ROCE_PACKET_LIFETIME: u8 = 16;
@@ -50,8 +50,11 @@ impl Timing {
     pub fn for_id(ack_timeout: Option<u8>, response: Option<Duration>, retries: Option<u8>) -> Timing {
         static ENV: std::sync::OnceLock<(Option<Duration>, Option<u64>)> = std::sync::OnceLock::new();
         let (env_response, env_retries) = *ENV.get_or_init(|| {
-            let get = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u64>().ok());
-            (get(TIMEOUT_ENV).map(Duration::from_millis), get(RETRIES_ENV))
+            use softrdma_verbs::settings::{CM_RETRIES, CM_TIMEOUT_MS};
+            (
+                CM_TIMEOUT_MS.parse::<u64>().map(Duration::from_millis),
+                CM_RETRIES.parse::<u64>(),
+            )
         });
         let plt = ack_timeout.map_or(ROCE_PACKET_LIFETIME, |t| t.saturating_sub(1));
         Timing::kernel_with_plt(plt)

@@ -90,7 +90,7 @@ pub struct ConnectParams {
 /// `SOFTRDMA_IWARP_P2P=1`: active connections request MPA peer-to-peer mode. The one place
 /// the variable is read.
 pub fn p2p_from_env() -> bool {
-    std::env::var("SOFTRDMA_IWARP_P2P").is_ok_and(|v| v == "1")
+    softrdma_verbs::settings::IWARP_P2P.is_on()
 }
 
 /// Default connection setup bound.
@@ -102,7 +102,7 @@ impl Default for ConnectParams {
             private_data: Vec::new(),
             ird: 16,
             ord: 16,
-            crc: std::env::var("SOFTRDMA_MPA_CRC").map(|v| v == "1").unwrap_or(false),
+            crc: softrdma_verbs::settings::MPA_CRC.is_on(),
             timeout: DEFAULT_TIMEOUT,
             src: None,
             tos: None,

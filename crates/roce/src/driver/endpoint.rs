@@ -132,10 +132,7 @@ impl Endpoint {
 
     fn start() -> Result<Arc<Endpoint>> {
         let reactor = Reactor::global()?;
-        let port = std::env::var("SOFTRDMA_ROCE_PORT")
-            .ok()
-            .and_then(|p| p.parse::<u16>().ok())
-            .unwrap_or(ROCE_PORT);
+        let port = softrdma_verbs::settings::ROCE_PORT.parse::<u16>().unwrap_or(ROCE_PORT);
         let shared = match net::bind_shared(port) {
             Ok(s) => {
                 tracing::debug!(port, dual_stack = s.is_dual(), "soft-RoCE: shared UDP socket");
@@ -165,7 +162,7 @@ impl Endpoint {
             opening: Mutex::new(()),
             local_addrs: Mutex::new(None),
             internal: Mutex::new(std::collections::VecDeque::new()),
-            direct: std::env::var("SOFTRDMA_ROCE_LOCAL").map_or(true, |v| v != "standard"),
+            direct: !softrdma_verbs::settings::ROCE_LOCAL.is("standard"),
             handler: RwLock::new(None),
             counters: DriverCounters::default(),
             self_ref: OnceLock::new(),

@@ -145,7 +145,7 @@ fn grow_buffers(s: &Socket) {
 
 /// Whether sockets may be dual-stack: not when `SOFTRDMA_ROCE_IPV6=0`.
 fn ipv6_wanted() -> bool {
-    std::env::var("SOFTRDMA_ROCE_IPV6").map_or(true, |v| v != "0")
+    !softrdma_verbs::settings::ROCE_IPV6.is("0")
 }
 
 /// Opens a socket bound to `port` (0: ephemeral): dual-stack, or IPv4 only when IPv6 is not

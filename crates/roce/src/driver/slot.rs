@@ -72,19 +72,10 @@ fn mtu_bytes(path_mtu: u8) -> Option<usize> {
 /// [`DEFAULT_KEEPALIVE`].
 fn keepalive_interval() -> Option<Duration> {
     static IV: OnceLock<Option<Duration>> = OnceLock::new();
-    *IV.get_or_init(|| match std::env::var("SOFTRDMA_ROCE_KEEPALIVE_MS") {
-        Err(_) => Some(DEFAULT_KEEPALIVE),
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(0) => None,
-            Ok(ms) => Some(Duration::from_millis(ms)),
-            Err(_) => {
-                tracing::warn!(
-                    "SOFTRDMA_ROCE_KEEPALIVE_MS={v:?} is not a number of milliseconds; using {} ms",
-                    DEFAULT_KEEPALIVE.as_millis()
-                );
-                Some(DEFAULT_KEEPALIVE)
-            }
-        },
+    *IV.get_or_init(|| match softrdma_verbs::settings::ROCE_KEEPALIVE_MS.parse::<u64>() {
+        None => Some(DEFAULT_KEEPALIVE),
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
     })
 }
 
@@ -519,7 +510,7 @@ impl QpTransport for RoceQp {
     }
 
     fn destroyed(&self, qp: &Arc<QpInner>) {
-        if std::env::var_os("SOFTRDMA_STATS").is_some_and(|v| v == "1") {
+        if softrdma_verbs::settings::STATS.is_on() {
             if let Some(s) = self.slot.describe_stats() {
                 eprintln!("softrdma: QP {:#x} stats: {s}", qp.qpn);
             }

@@ -23,7 +23,7 @@ use super::transport::TransportKind;
 use crate::{Error, Result};
 
 /// Environment variable naming the configuration file.
-pub const CONFIG_ENV: &str = "SOFTRDMA_CONFIG";
+pub const CONFIG_ENV: &str = crate::settings::CONFIG.name;
 
 /// Longest device name (`IB_DEVICE_NAME_MAX` is 64 including the NUL).
 const MAX_NAME_LEN: usize = 63;

@@ -9,7 +9,7 @@ use crate::{Error, Result};
 /// Environment variable that filters and orders the transports of the default device list:
 /// a comma list such as `roce` or `roce,iwarp`. Unset or empty means every transport, in
 /// [`TransportKind::ALL`] order. Ignored when `SOFTRDMA_CONFIG` names the devices.
-pub const TRANSPORTS_ENV: &str = "SOFTRDMA_TRANSPORTS";
+pub const TRANSPORTS_ENV: &str = crate::settings::TRANSPORTS.name;
 
 /// The wire transport of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
