@@ -21,6 +21,7 @@ pub mod port_watch;
 pub mod progress;
 pub mod qp;
 pub mod qp_state;
+pub mod quota;
 pub mod srq;
 pub mod wr;
 

@@ -176,6 +176,8 @@ pub struct Mr {
     inner: Arc<MrInner>,
     pd: Arc<crate::pd::PdInner>,
     registered: bool,
+    /// Counted against the device's `max_mr` while the MR lives.
+    _charge: crate::quota::Charge,
 }
 
 impl Mr {
@@ -194,6 +196,7 @@ impl Mr {
                 "reg_mr: REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (access {access})"
             );
         }
+        let charge = pd.context().charge(crate::quota::ObjKind::Mr, "reg_mr")?;
         let mut t = table()
             .write()
             .map_err(|_| Error::new(Errno::Io, "reg_mr: key table poisoned"))?;
@@ -219,6 +222,7 @@ impl Mr {
             inner,
             pd: pd.inner().clone(),
             registered: true,
+            _charge: charge,
         })
     }
 
@@ -390,10 +394,15 @@ impl Mr {
         self.registered = false;
         if let Ok(mut t) = table().write() {
             t.by_key.remove(&self.inner.lkey);
-            // Windows still bound (the MR dropped without dereg) must not outlive it.
+            // Windows still bound (the MR dropped without dereg) must not outlive it. Binds
+            // and unbinds keep `mw_binds` under this lock, so with none bound there is
+            // nothing to look for (the scan is over the whole table: without this check,
+            // deregistering n MRs took O(n^2)).
             let inner = &self.inner;
-            t.by_key
-                .retain(|_, e| !e.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, inner)));
+            if inner.mw_binds.load(Ordering::Acquire) > 0 {
+                t.by_key
+                    .retain(|_, e| !e.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, inner)));
+            }
         }
         self.pd.mr_count.fetch_sub(1, Ordering::Relaxed);
         tracing::debug!(lkey = format_args!("{:#x}", self.inner.lkey), "dereg_mr");
