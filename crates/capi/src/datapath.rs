@@ -175,9 +175,14 @@ unsafe fn send_wr_from_c(wr: *const ibv_send_wr, qp: &SoftQp) -> CResult<SendWr>
 }
 
 /// Walks a C WR chain from `first`, converting each element with `conv` until one fails;
-/// `next_of` reads an element's `next` field.
+/// `next_of` reads an element's `next` field. At most `limit` elements are taken (the queue's
+/// capacity: no list can be posted whole beyond it): a longer list, a cyclic one
+/// (`wr.next = &wr`) included, stops there with ENOMEM naming `what` and the first element
+/// not taken, as a full queue does, instead of allocating without bound.
 fn walk<C, R>(
     first: *mut C,
+    limit: usize,
+    what: impl Fn() -> String,
     next_of: impl Fn(*mut C) -> *mut C,
     conv: impl Fn(*mut C) -> CResult<R>,
 ) -> (Vec<*mut C>, Vec<R>, Option<(*mut C, CError)>) {
@@ -185,6 +190,16 @@ fn walk<C, R>(
     let mut wrs = Vec::new();
     let mut p = first;
     while !p.is_null() {
+        if wrs.len() >= limit {
+            let e = CError::new(
+                libc::ENOMEM,
+                format!(
+                    "{}: the WR list is longer than the queue's {limit} entries (or cyclic)",
+                    what()
+                ),
+            );
+            return (ptrs, wrs, Some((p, e)));
+        }
         match conv(p) {
             Ok(w) => {
                 ptrs.push(p);
@@ -264,7 +279,9 @@ c_fn! {
     fn ibv_post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
         // SAFETY: the inline ibv_post_send already dereferenced `qp`, one of our QPs.
         let qp = unsafe { &*qp.cast::<SoftQp>() };
-        let (ptrs, wrs, conv_err) = walk(wr, send_next, |w| send_conv(w, qp));
+        let cap = qp.qp.inner().cap.max_send_wr as usize;
+        let what = || format!("post_send on QP {}", qp.qp.qpn());
+        let (ptrs, wrs, conv_err) = walk(wr, cap, what, send_next, |w| send_conv(w, qp));
         finish(&ptrs, &wrs, conv_err, bad_wr, |w| {
             // SAFETY: inline SGEs point at memory the caller keeps readable during the call
             // (IBV_SEND_INLINE contract).
@@ -276,7 +293,9 @@ c_fn! {
     fn ibv_post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
         // SAFETY: the inline ibv_post_recv already dereferenced `qp`, one of our QPs.
         let qp = unsafe { &*qp.cast::<SoftQp>() };
-        let (ptrs, wrs, conv_err) = walk(wr, recv_next, recv_wr_from_c);
+        let cap = qp.qp.inner().cap.max_recv_wr as usize;
+        let what = || format!("post_recv on QP {}", qp.qp.qpn());
+        let (ptrs, wrs, conv_err) = walk(wr, cap, what, recv_next, recv_wr_from_c);
         finish(&ptrs, &wrs, conv_err, bad_wr, |w| qp.qp.post_recv(w))
     }
 
@@ -284,7 +303,9 @@ c_fn! {
     fn ibv_post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
         // SAFETY: the inline ibv_post_srq_recv already dereferenced `srq`, one of our SRQs.
         let srq = unsafe { &*srq.cast::<SoftSrq>() };
-        let (ptrs, wrs, conv_err) = walk(wr, recv_next, recv_wr_from_c);
+        let cap = srq.srq.query().max_wr as usize;
+        let what = || "post_srq_recv".to_string();
+        let (ptrs, wrs, conv_err) = walk(wr, cap, what, recv_next, recv_wr_from_c);
         finish(&ptrs, &wrs, conv_err, bad_wr, |w| srq.srq.post_recv(w))
     }
 }

@@ -436,9 +436,14 @@ fn c_program(name: &str) -> common::Run {
 
 /// [`c_program`] with `extra` lines appended to the config (after `siw_lo`).
 fn c_program_with(name: &str, extra: &str) -> common::Run {
+    c_program_within(name, extra, common::TIMEOUT)
+}
+
+/// [`c_program_with`] bounded by `limit` instead of [`common::TIMEOUT`].
+fn c_program_within(name: &str, extra: &str, limit: std::time::Duration) -> common::Run {
     let exe = common::compile_c(name, dropin_dir().join("libibverbs.so.1").as_os_str());
     let cfg = lo_config(&format!("capi-config-{name}"), extra);
-    let r = run(Command::new(&exe).env("SOFTRDMA_CONFIG", &cfg));
+    let r = common::Proc::start(Command::new(&exe).env("SOFTRDMA_CONFIG", &cfg)).wait(limit);
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert!(r.stdout.contains("PASSED: 0 failure(s)"), "{}", r.describe());
     r
@@ -533,4 +538,74 @@ fn unimplemented_paths_fail_cleanly_in_the_binaries() {
         .env_remove("SOFTRDMA_TRANSPORTS"));
     assert_eq!(r.code, Some(1), "{}", r.describe());
     assert!(r.stderr.contains("Couldn't create QP"), "{}", r.describe());
+}
+
+/// A `SOFTRDMA_CONFIG` file with one device, `rxe_lo`.
+fn rxe_only_config(dir_name: &str) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("devices.toml");
+    std::fs::write(&path, RXE_LO).unwrap();
+    path
+}
+
+/// Issue #12 scope 3: a peer SIGKILLed during a WRITE stream (tests/c/peer_kill.c). The
+/// survivor, a C program with the default SIGPIPE disposition, gets every WR back (flushed
+/// after the kill), sees its QP in ERR and a DISCONNECTED event, and exits 0: never 141.
+fn peer_killed_mid_write_stream(cfg: &Path, ready: impl Fn(u16) -> bool) {
+    use common::{free_port, Proc};
+    use std::time::{Duration, Instant};
+    let exe = common::compile_c("peer_kill", dropin_dir().join("libibverbs.so.1").as_os_str());
+    let port = free_port();
+    let mut server = Proc::start(
+        Command::new(&exe)
+            .args(["server", &port.to_string()])
+            .env("SOFTRDMA_CONFIG", cfg),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready(port) {
+        assert!(
+            !server.exited() && Instant::now() < deadline,
+            "the server does not listen:\n{}",
+            server.kill().describe()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = Proc::start(
+        Command::new(&exe)
+            .args(["client", &port.to_string(), &server.pid().to_string()])
+            .env("SOFTRDMA_CONFIG", cfg),
+    )
+    .wait(Duration::from_secs(100));
+    let server = server.wait(Duration::from_secs(10));
+    assert_eq!(server.code, None, "the server was killed:\n{}", server.describe());
+    assert_eq!(
+        client.code,
+        Some(0),
+        "the survivor exits normally (141 is SIGPIPE):\n{}",
+        client.describe()
+    );
+    assert!(client.stdout.contains("PASSED: 0 failure(s)"), "{}", client.describe());
+}
+
+#[test]
+fn an_iwarp_peer_killed_mid_write_stream_raises_no_sigpipe() {
+    let cfg = lo_config("capi-config-peer-kill-siw", "");
+    peer_killed_mid_write_stream(&cfg, common::is_listening);
+}
+
+#[test]
+fn a_roce_peer_killed_mid_write_stream_raises_no_sigpipe() {
+    let cfg = rxe_only_config("capi-config-peer-kill-rxe");
+    peer_killed_mid_write_stream(&cfg, |port| common::rxe_listening(None, 0x0106, port));
+}
+
+#[test]
+fn advertised_limits_are_enforced() {
+    // Issue #12 scope 6 (tests/c/limits.c): every object count up to max_* and ENOMEM past
+    // it, caps beyond the device's EINVAL, cyclic WR lists ENOMEM with bad_wr, EMFILE when
+    // fds run out.
+    // Hundreds of thousands of objects: longer than the usual bound (the ASan build is slow).
+    let r = c_program_within("limits", RXE_LO, std::time::Duration::from_secs(300));
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
 }

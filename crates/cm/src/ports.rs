@@ -175,7 +175,7 @@ fn register(b: &Binding, owner: &str) -> Result<UnixDatagram> {
     let name = b.name(owner);
     UnixAddr::from_abstract_name(name.as_bytes())
         .and_then(|a| UnixDatagram::bind_addr(&a))
-        .map_err(|e| Error::new(Errno::Io, format!("rdma_bind_addr: port claim {name}: {e}")))
+        .map_err(|e| Error::os(format_args!("rdma_bind_addr: port claim {name}"), &e))
 }
 
 fn refusal(op: &str, me: &Binding, errno: Errno, other: &Binding) -> Error {

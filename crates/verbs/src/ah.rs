@@ -17,6 +17,8 @@ use crate::{bail, Result};
 pub struct Ah {
     pd: Pd,
     attr: AhAttr,
+    /// Keeps the PD in use and counts against the device's `max_ah`.
+    _use: std::sync::Arc<crate::pd::PdUse>,
 }
 
 impl Ah {
@@ -24,9 +26,11 @@ impl Ah {
     /// on the PD's device.
     pub fn create(pd: &Pd, attr: &AhAttr) -> Result<Ah> {
         Ah::check(pd.context().device(), attr, "create_ah")?;
+        let pd_use = crate::pd::PdUse::take(pd, crate::quota::ObjKind::Ah, "create_ah")?;
         Ok(Ah {
             pd: pd.clone(),
             attr: *attr,
+            _use: std::sync::Arc::new(pd_use),
         })
     }
 

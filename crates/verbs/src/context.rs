@@ -6,6 +6,7 @@ use crate::cq::Cq;
 use crate::device::DeviceInfo;
 use crate::pd::Pd;
 use crate::port_watch::LivePort;
+use crate::quota::{Charge, Counts, ObjKind};
 use crate::Result;
 use std::sync::Arc;
 
@@ -15,6 +16,8 @@ struct ContextInner {
     events: AsyncEvents,
     /// Port 1's state, followed by the port watcher once the async events are in use.
     port: Arc<LivePort>,
+    /// The device's object counts in this process (shared with its other contexts).
+    counts: Arc<Counts>,
 }
 
 /// An open device context (`ibv_context`). Cloning shares it.
@@ -31,6 +34,7 @@ impl Context {
                 device: device.clone(),
                 events: AsyncEvents::new()?,
                 port: Arc::new(LivePort::new(device.port_state)),
+                counts: crate::quota::counts_for(&device.name),
             }),
         })
     }
@@ -109,9 +113,17 @@ impl Context {
         })
     }
 
-    /// Allocates a protection domain.
+    /// Counts one more object of `kind` against the device's advertised limit (ENOMEM past
+    /// it, naming `op`); the object keeps the charge until it is dropped.
+    pub fn charge(&self, kind: ObjKind, op: &str) -> Result<Charge> {
+        let limit = kind.limit(&self.inner.device.attr());
+        Charge::take(&self.inner.counts, kind, limit, op, &self.inner.device.name)
+    }
+
+    /// Allocates a protection domain (ENOMEM past the device's `max_pd`).
     pub fn alloc_pd(&self) -> Result<Pd> {
-        Ok(Pd::new(self.clone()))
+        let charge = self.charge(ObjKind::Pd, "alloc_pd")?;
+        Ok(Pd::new(self.clone(), charge))
     }
 
     /// Creates a completion channel.
@@ -119,9 +131,14 @@ impl Context {
         CompChannel::new()
     }
 
-    /// Creates a CQ with room for at least `cqe` entries, optionally tied to a channel.
+    /// Creates a CQ with room for at least `cqe` entries, optionally tied to a channel
+    /// (EINVAL outside `1..=max_cqe`, ENOMEM past the device's `max_cq`).
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         let max = self.inner.device.attr().max_cqe.max(1) as u32;
-        Cq::new(cqe, max, channel.cloned(), Some(self.inner.events.clone()))
+        let charge = match cqe {
+            1.. if cqe <= max => Some(self.charge(ObjKind::Cq, "create_cq")?),
+            _ => None,
+        };
+        Cq::new(cqe, max, channel.cloned(), Some(self.inner.events.clone()), charge)
     }
 }

@@ -45,6 +45,8 @@ pub struct CqInner {
     /// Signaled send WRs posted to QPs on this CQ whose completion has not arrived yet (a
     /// hint for `resize`; a WR lost with its QP leaves it high, which only delays a resize).
     in_flight: AtomicU32,
+    /// Counted against the device's `max_cq` (None for CQs made outside a context).
+    _charge: Option<crate::quota::Charge>,
 }
 
 impl CqInner {
@@ -111,7 +113,13 @@ pub struct Cq {
 }
 
 impl Cq {
-    pub(crate) fn new(cqe: u32, max: u32, channel: Option<CompChannel>, events: Option<AsyncEvents>) -> Result<Cq> {
+    pub(crate) fn new(
+        cqe: u32,
+        max: u32,
+        channel: Option<CompChannel>,
+        events: Option<AsyncEvents>,
+        charge: Option<crate::quota::Charge>,
+    ) -> Result<Cq> {
         if cqe == 0 || cqe > max {
             bail!(Inval, "create_cq: {cqe} entries requested; the device allows 1..={max}");
         }
@@ -132,6 +140,7 @@ impl Cq {
                 events_delivered: AtomicU32::new(0),
                 users: AtomicU32::new(0),
                 in_flight: AtomicU32::new(0),
+                _charge: charge,
             }),
         })
     }
@@ -335,7 +344,7 @@ mod tests {
     #[test]
     fn armed_cq_posts_one_event_to_a_pollable_channel() {
         let ch = CompChannel::new().unwrap();
-        let cq = Cq::new(4, 16, Some(ch.clone()), None).unwrap();
+        let cq = Cq::new(4, 16, Some(ch.clone()), None, None).unwrap();
         cq.inner().push(wc(1, false));
         assert!(!readable(ch.fd(), 0), "an unarmed CQ must not fire");
         assert_eq!(
@@ -360,7 +369,7 @@ mod tests {
     #[test]
     fn solicited_arming_waits_for_a_solicited_completion_and_overflow_is_reported() {
         let ch = CompChannel::new().unwrap();
-        let cq = Cq::new(2, 16, Some(ch.clone()), None).unwrap();
+        let cq = Cq::new(2, 16, Some(ch.clone()), None, None).unwrap();
         cq.req_notify(true).unwrap();
         cq.inner().push(wc(1, false));
         assert!(!readable(ch.fd(), 0));
@@ -368,9 +377,9 @@ mod tests {
         assert!(readable(ch.fd(), 1000));
         assert!(!cq.inner().push(wc(3, false)));
         assert!(cq.overflowed());
-        assert_eq!(Cq::new(0, 16, None, None).unwrap_err().errno, crate::Errno::Inval);
+        assert_eq!(Cq::new(0, 16, None, None, None).unwrap_err().errno, crate::Errno::Inval);
         assert_eq!(cq.req_notify(false).map_err(|e| e.errno), Ok(()));
-        let no_channel = Cq::new(1, 16, None, None).unwrap();
+        let no_channel = Cq::new(1, 16, None, None, None).unwrap();
         no_channel.req_notify(false).unwrap();
         assert!(no_channel.inner().push(wc(9, false)));
     }

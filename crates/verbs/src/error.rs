@@ -38,6 +38,10 @@ pub enum Errno {
     Proto,
     /// EHOSTUNREACH: no route to the host.
     HostUnreach,
+    /// EMFILE: the process is out of file descriptors.
+    MFile,
+    /// ENFILE: the system is out of file descriptors.
+    NFile,
     /// EIO: an OS-level I/O failure.
     Io,
     /// EFAULT: a memory range is not mapped with the protections the access needs.
@@ -64,6 +68,8 @@ impl Errno {
             Errno::OpNotSupp => libc::EOPNOTSUPP,
             Errno::Proto => libc::EPROTO,
             Errno::HostUnreach => libc::EHOSTUNREACH,
+            Errno::MFile => libc::EMFILE,
+            Errno::NFile => libc::ENFILE,
             Errno::Io => libc::EIO,
             Errno::Fault => libc::EFAULT,
         }
@@ -89,6 +95,8 @@ impl Errno {
             libc::EOPNOTSUPP => Errno::OpNotSupp,
             libc::EPROTO => Errno::Proto,
             libc::EHOSTUNREACH | libc::ENETUNREACH => Errno::HostUnreach,
+            libc::EMFILE => Errno::MFile,
+            libc::ENFILE => Errno::NFile,
             _ => Errno::Io,
         }
     }
@@ -113,6 +121,8 @@ impl fmt::Display for Errno {
             Errno::OpNotSupp => "EOPNOTSUPP",
             Errno::Proto => "EPROTO",
             Errno::HostUnreach => "EHOSTUNREACH",
+            Errno::MFile => "EMFILE",
+            Errno::NFile => "ENFILE",
             Errno::Io => "EIO",
             Errno::Fault => "EFAULT",
         };

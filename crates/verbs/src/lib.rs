@@ -23,6 +23,7 @@ pub mod port_watch;
 pub mod progress;
 pub mod qp;
 pub mod qp_state;
+pub mod quota;
 pub mod settings;
 pub mod srq;
 pub mod stats;

@@ -178,6 +178,8 @@ pub struct Mr {
     inner: Arc<MrInner>,
     pd: Arc<crate::pd::PdInner>,
     registered: bool,
+    /// Counted against the device's `max_mr` while the MR lives.
+    _charge: crate::quota::Charge,
 }
 
 impl Mr {
@@ -197,6 +199,7 @@ impl Mr {
             );
         }
         region.check_mapped("reg_mr", access.contains(Access::LOCAL_WRITE))?;
+        let charge = pd.context().charge(crate::quota::ObjKind::Mr, "reg_mr")?;
         let mut t = table()
             .write()
             .map_err(|_| Error::new(Errno::Io, "reg_mr: key table poisoned"))?;
@@ -222,6 +225,7 @@ impl Mr {
             inner,
             pd: pd.inner().clone(),
             registered: true,
+            _charge: charge,
         })
     }
 
@@ -398,10 +402,15 @@ impl Mr {
         self.registered = false;
         if let Ok(mut t) = table().write() {
             t.by_key.remove(&self.inner.lkey);
-            // Windows still bound (the MR dropped without dereg) must not outlive it.
+            // Windows still bound (the MR dropped without dereg) must not outlive it. Binds
+            // and unbinds keep `mw_binds` under this lock, so with none bound there is
+            // nothing to look for (the scan is over the whole table: without this check,
+            // deregistering n MRs took O(n^2)).
             let inner = &self.inner;
-            t.by_key
-                .retain(|_, e| !e.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, inner)));
+            if inner.mw_binds.load(Ordering::Acquire) > 0 {
+                t.by_key
+                    .retain(|_, e| !e.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, inner)));
+            }
         }
         // The keys are gone, so no new access starts; wait for the ones in progress. Then
         // the application may free the buffer: nothing touches it again.

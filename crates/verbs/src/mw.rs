@@ -33,11 +33,14 @@ pub struct Mw {
     pd_id: u64,
     /// The key's index (its upper 24 bits).
     index: u32,
+    /// Keeps the PD in use and counts against the device's `max_mw`.
+    _use: crate::pd::PdUse,
 }
 
 impl Mw {
     /// Allocates a window of `mw_type` in `pd`.
     pub fn alloc(pd: &Pd, mw_type: MwType) -> Result<Mw> {
+        let pd_use = crate::pd::PdUse::take(pd, crate::quota::ObjKind::Mw, "alloc_mw")?;
         let Some(index) = crate::mr::new_window_key() else {
             bail!(Io, "alloc_mw: key table poisoned");
         };
@@ -45,6 +48,7 @@ impl Mw {
             mw_type,
             pd_id: pd.id(),
             index,
+            _use: pd_use,
         })
     }
 

@@ -17,8 +17,38 @@ pub struct PdInner {
     pub mr_count: AtomicU32,
     /// Live QPs and SRQs created in this PD.
     pub qp_count: AtomicU32,
+    /// Live address handles and memory windows of this PD.
+    pub ah_mw_count: AtomicU32,
     /// The context the PD was allocated on.
     pub context: Context,
+    /// Counted against the device's `max_pd`.
+    _charge: crate::quota::Charge,
+}
+
+/// An address handle's or memory window's hold on its PD (so `dealloc_pd` is EBUSY while it
+/// lives) and on the device's `max_ah` / `max_mw`; released when dropped.
+#[derive(Debug)]
+pub struct PdUse {
+    pd: Arc<PdInner>,
+    _charge: crate::quota::Charge,
+}
+
+impl PdUse {
+    /// Takes a use of `pd` for an object of `kind` (ENOMEM past the device's limit).
+    pub(crate) fn take(pd: &Pd, kind: crate::quota::ObjKind, op: &str) -> Result<PdUse> {
+        let charge = pd.context().charge(kind, op)?;
+        pd.inner.ah_mw_count.fetch_add(1, Ordering::Relaxed);
+        Ok(PdUse {
+            pd: pd.inner.clone(),
+            _charge: charge,
+        })
+    }
+}
+
+impl Drop for PdUse {
+    fn drop(&mut self) {
+        self.pd.ah_mw_count.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A protection domain. Cloning shares it.
@@ -28,14 +58,16 @@ pub struct Pd {
 }
 
 impl Pd {
-    pub(crate) fn new(context: Context) -> Pd {
+    pub(crate) fn new(context: Context, charge: crate::quota::Charge) -> Pd {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Pd {
             inner: Arc::new(PdInner {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
                 mr_count: AtomicU32::new(0),
                 qp_count: AtomicU32::new(0),
+                ah_mw_count: AtomicU32::new(0),
                 context,
+                _charge: charge,
             }),
         }
     }
@@ -90,14 +122,16 @@ impl Pd {
         Mr::register(self, region, iova, access)
     }
 
-    /// Deallocates: EBUSY while MRs or QPs still use it.
+    /// Deallocates: EBUSY while MRs, QPs, SRQs, AHs or memory windows still use it (as
+    /// the kernel's uverbs refuses to destroy a PD with users).
     pub fn dealloc(self) -> Result<()> {
         let mrs = self.inner.mr_count.load(Ordering::Relaxed);
         let qps = self.inner.qp_count.load(Ordering::Relaxed);
-        if mrs > 0 || qps > 0 {
+        let ahs = self.inner.ah_mw_count.load(Ordering::Relaxed);
+        if mrs > 0 || qps > 0 || ahs > 0 {
             bail!(
                 Busy,
-                "dealloc_pd {}: still used by {mrs} MR(s) and {qps} QP/SRQ(s)",
+                "dealloc_pd {}: still used by {mrs} MR(s), {qps} QP/SRQ(s) and {ahs} AH/MW(s)",
                 self.inner.id
             );
         }

@@ -179,6 +179,8 @@ pub struct QpInner {
     /// The transport that owns this QP's number and hears its state changes, if any.
     pub transport: Option<Arc<dyn QpTransport>>,
     core: Mutex<QpCore>,
+    /// Counted against the device's `max_qp`.
+    _charge: crate::quota::Charge,
 }
 
 /// QP numbers: a random 23-bit start per process (so two processes rarely share numbers),
@@ -439,6 +441,9 @@ impl Qp {
             if srq.pd().id() != pd.id() {
                 bail!(Inval, "create_qp: the SRQ belongs to another protection domain");
             }
+        }
+        let charge = pd.context().charge(crate::quota::ObjKind::Qp, "create_qp")?;
+        if let Some(srq) = &init.srq {
             srq.inner().users.fetch_add(1, Ordering::Relaxed);
         }
         init.send_cq.inner().users.fetch_add(1, Ordering::Relaxed);
@@ -479,6 +484,7 @@ impl Qp {
                     sq_outstanding: 0,
                     driver: None,
                 }),
+                _charge: charge,
             }),
         })
     }

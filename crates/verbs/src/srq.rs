@@ -31,6 +31,8 @@ pub struct SrqInner {
     queue: Mutex<VecDeque<RecvWr>>,
     /// QPs attached.
     pub users: AtomicU32,
+    /// Counted against the device's `max_srq`.
+    _charge: crate::quota::Charge,
 }
 
 impl SrqInner {
@@ -93,6 +95,7 @@ impl Srq {
                 attr.max_wr
             );
         }
+        let charge = pd.context().charge(crate::quota::ObjKind::Srq, "create_srq")?;
         pd.inner().qp_count.fetch_add(1, Ordering::Relaxed);
         static NEXT: AtomicU64 = AtomicU64::new(1);
         Ok(Srq {
@@ -103,6 +106,7 @@ impl Srq {
                 attr: Mutex::new(attr),
                 queue: Mutex::new(VecDeque::new()),
                 users: AtomicU32::new(0),
+                _charge: charge,
             }),
         })
     }

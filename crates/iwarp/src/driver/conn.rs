@@ -8,7 +8,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::{bail, Errno, Error, Qp, QpDriver, QpState, Result};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -299,7 +299,7 @@ impl TcpConn {
     fn flush_out(st: &mut ConnState) -> std::io::Result<bool> {
         let Some(sock) = st.sock.as_ref() else { return Ok(false) };
         while !st.out.is_empty() {
-            match (&*sock).write(&st.out) {
+            match super::send_nosignal(sock, &st.out) {
                 Ok(n) => {
                     st.out.drain(..n);
                 }
@@ -539,7 +539,7 @@ impl TcpConn {
         let mut closed: Option<String> = None;
         // Handshake bytes (the MPA Reply) go first.
         while !out.is_empty() {
-            match (&*sock).write(out) {
+            match super::send_nosignal(sock, out) {
                 Ok(n) => {
                     out.drain(..n);
                 }
@@ -615,7 +615,7 @@ impl TcpConn {
                 if pending.is_empty() {
                     break;
                 }
-                match (&*sock).write(pending) {
+                match super::send_nosignal(sock, pending) {
                     Ok(n) => engine.tx_consumed(n),
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
                         blocked = true;

@@ -240,7 +240,7 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) ->
 fn reject_now(conn: &TcpConn, st: &mut ConnState, revision: u8, why: &str) {
     if let Ok(bytes) = handshake::build_reject(revision, &[]) {
         if let Some(sock) = st.sock.as_ref() {
-            let _ = std::io::Write::write(&mut &*sock, &bytes);
+            let _ = super::send_nosignal(sock, &bytes);
         }
     }
     tracing::debug!(peer = %conn.peer, why, "connection request rejected");

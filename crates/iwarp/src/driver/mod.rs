@@ -17,6 +17,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Sends on a connected TCP socket with `MSG_NOSIGNAL`: a peer that is gone gives EPIPE, never
+/// SIGPIPE (socket2's `Write for &Socket` passes flags 0, which would kill a C program with
+/// the default SIGPIPE disposition). Every write of the iWARP driver goes through here.
+pub(crate) fn send_nosignal(sock: &socket2::Socket, buf: &[u8]) -> std::io::Result<usize> {
+    sock.send_with_flags(buf, libc::MSG_NOSIGNAL)
+}
+
 /// Where a connection stands, reported to the owner's callback on the progress thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnEvent {

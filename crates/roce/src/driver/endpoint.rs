@@ -174,7 +174,7 @@ impl Endpoint {
         if let Some(s) = &ep.shared {
             let t = reactor
                 .register(s.as_raw_fd(), READ, Arc::new(Driven(ep.clone())))
-                .map_err(|e| Error::new(Errno::Io, format!("soft-RoCE: epoll on UDP {port}: {e}")))?;
+                .map_err(|e| Error::os(format_args!("soft-RoCE: epoll on UDP {port}"), &e))?;
             lock(&ep.roles).insert(t, Role::Shared);
         }
         Ok(ep)
@@ -446,7 +446,7 @@ impl Endpoint {
         let t = self
             .reactor
             .register(sock.as_raw_fd(), READ, Arc::new(Driven(me)))
-            .map_err(|e| Error::new(Errno::Io, format!("soft-RoCE: epoll: {e}")))?;
+            .map_err(|e| Error::os("soft-RoCE: epoll", &e))?;
         lock(&self.roles).insert(t, Role::Service(sid));
         lock(&self.services).insert(sid, (sock, t, marker.map(CloseInChild::new)));
         Ok(())

@@ -288,11 +288,10 @@ impl Endpoint {
                     ),
                 )
             } else {
-                Error::new(Errno::Io, format!("rdma_listen: service socket {name}: {e}"))
+                Error::os(format_args!("rdma_listen: service socket {name}"), &e)
             }
         })?;
-        sock.set_nonblocking(true)
-            .map_err(|e| Error::new(Errno::Io, format!("rdma_listen: {e}")))?;
+        sock.set_nonblocking(true).map_err(|e| Error::os("rdma_listen", &e))?;
         // The marker naming our home port (see `owner_marker_prefix`); without it forwarders
         // fall back to the claim socket itself.
         let home = self.first_home()?;

@@ -375,7 +375,7 @@ pub fn send_batch(sock: &RoceSocket, batch: &mut TxBatch) -> (usize, usize) {
                 sock.as_raw_fd(),
                 msgs[start..n].as_mut_ptr(),
                 (n - start) as libc::c_uint,
-                libc::MSG_DONTWAIT,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
         };
         if r > 0 {

@@ -31,8 +31,10 @@ pub mod limits {
     pub const MAX_CQ: i32 = 100 * 1024;
     /// Entries per CQ (siw: `SIW_MAX_QP_WR * 100`).
     pub const MAX_CQE: i32 = MAX_QP_WR * 100;
-    /// Memory regions per device (siw: `SIW_MAX_QP * 10`).
-    pub const MAX_MR: i32 = MAX_QP * 10;
+    /// Memory regions per device and process: 262,144 (siw: `SIW_MAX_QP * 10`, 1,024,000).
+    /// Every advertised count is enforced (`quota.rs`) and a test registers all of them, so
+    /// this is the older rxe's `RXE_MAX_MR` rather than siw's million.
+    pub const MAX_MR: i32 = 0x4_0000;
     /// Protection domains per device (siw: `SIW_MAX_QP`).
     pub const MAX_PD: i32 = MAX_QP;
     /// Memory windows (siw: none).
@@ -71,8 +73,10 @@ pub mod limits {
         /// (`RXE_MAX_QP_RD_ATOM`). perftest without `-R` sets `max_rd_atomic` to the peer's
         /// value, so against a kernel rxe peer a smaller limit fails its RTS.
         pub const MAX_RD_ATOM: i32 = 128;
-        /// Address handles per device.
+        /// Address handles per device (rxe: `RXE_MAX_AH`, 0x7fff).
         pub const MAX_AH: i32 = 0x7fff;
+        /// Memory windows per device (type 1 and 2; siw has none).
+        pub const MAX_MW: i32 = super::MAX_QP;
         /// Multicast groups per device (rxe: 8192).
         pub const MAX_MCAST_GRP: i32 = 8192;
         /// QPs per multicast group (rxe: 56).
@@ -345,6 +349,7 @@ impl DeviceAttr {
             max_mcast_qp_attach: roce::MAX_MCAST_QP_ATTACH,
             max_total_mcast_qp_attach: roce::MAX_TOTAL_MCAST_QP_ATTACH,
             max_ah: roce::MAX_AH,
+            max_mw: roce::MAX_MW,
             max_srq_sge: roce::MAX_SGE,
             max_pkeys: roce::PKEY_TBL_LEN,
             local_ca_ack_delay: roce::LOCAL_CA_ACK_DELAY,
@@ -594,7 +599,9 @@ mod tests {
         assert!(a.max_ah > 0 && a.max_mcast_grp > 0 && a.max_mcast_qp_attach > 0);
         assert!(a.max_total_mcast_qp_attach >= a.max_mcast_qp_attach);
         assert_eq!(a.max_pkeys, 1);
-        assert_eq!(a.max_mw, 0);
+        // Memory windows work on soft-RoCE, and their count is enforced (quota.rs).
+        assert_eq!(a.max_mw, limits::roce::MAX_MW);
+        assert_eq!(DeviceAttr::soft_iwarp(0).max_mw, 0);
         assert_eq!(a.node_guid, 0x1234);
         assert_eq!(a.max_qp, DeviceAttr::soft_iwarp(0).max_qp);
     }

@@ -77,8 +77,13 @@ impl Config {
     /// Reads and parses the file at `path`; an unreadable file is EINVAL too.
     pub fn load(path: &Path) -> Result<Config> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::inval(format!("{CONFIG_ENV}={origin}: cannot read: {e}")))?;
+        let text = std::fs::read_to_string(path).map_err(|e| match e.raw_os_error() {
+            // Out of fds or memory is not a bad file: say so with its own errno.
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => {
+                Error::os(format_args!("{CONFIG_ENV}={origin}: cannot read"), &e)
+            }
+            _ => Error::inval(format!("{CONFIG_ENV}={origin}: cannot read: {e}")),
+        })?;
         Config::parse(&origin, &text)
     }
 
