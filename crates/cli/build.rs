@@ -1,6 +1,7 @@
-//! The integration tests' prerequisites as cfgs (see ../capi/test_prereqs.rs).
+//! The integration tests' prerequisites as cfgs (test_prereqs.rs: a symlink to ../capi/test_prereqs.rs,
+//! so that `cargo package` ships a copy).
 
-include!("../capi/test_prereqs.rs");
+include!("test_prereqs.rs");
 
 fn main() {
     test_prerequisites();
