@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod cmatose;
 mod devices;
@@ -11,6 +11,7 @@ mod perf;
 mod rdma_view;
 mod rping;
 mod scale;
+mod shell;
 mod soak;
 
 /// Errors a subcommand reports; `main` prints them as `softrdma: <message>` and exits 1.
@@ -42,6 +43,10 @@ enum Command {
     Env(dropin::EnvArgs),
     /// Run an unmodified RDMA program over softrdma: softrdma run -- ibv_devinfo -v.
     Run(dropin::RunArgs),
+    /// Print shell completions: softrdma completions bash > ~/.local/share/bash-completion/completions/softrdma.
+    Completions(shell::CompletionsArgs),
+    /// Print the man page (roff): softrdma man | man -l -.
+    Man(shell::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +61,8 @@ fn main() -> ExitCode {
         Command::Scale(args) => scale::run(&args),
         Command::Env(args) => dropin::env(&args),
         Command::Run(args) => return dropin::run(&args),
+        Command::Completions(args) => shell::completions(&args, Cli::command()),
+        Command::Man(args) => shell::man(&args, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
