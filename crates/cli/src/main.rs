@@ -11,6 +11,7 @@ mod perf;
 mod rdma_view;
 mod rping;
 mod scale;
+mod shell;
 mod soak;
 mod stat;
 
@@ -45,15 +46,20 @@ enum Command {
     Run(dropin::RunArgs),
     /// Live counters of every process using softrdma: per device and per QP, both transports.
     Stat(stat::StatArgs),
+    /// Print shell completions: softrdma completions bash > ~/.local/share/bash-completion/completions/softrdma.
+    Completions(shell::CompletionsArgs),
+    /// Print the man page (roff): softrdma man | man -l -.
+    Man(shell::ManArgs),
+}
+
+/// The command line, with the environment variables in `--help` (and the man page).
+fn cli_command() -> clap::Command {
+    Cli::command().after_long_help(softrdma_verbs::settings::help_text())
 }
 
 fn main() -> ExitCode {
     init_tracing();
-    let cli = match Cli::command()
-        .after_long_help(softrdma_verbs::settings::help_text())
-        .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m))
-    {
+    let cli = match cli_command().try_get_matches().and_then(|m| Cli::from_arg_matches(&m)) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
@@ -67,6 +73,8 @@ fn main() -> ExitCode {
         Command::Env(args) => dropin::env(&args),
         Command::Run(args) => return dropin::run(&args),
         Command::Stat(args) => stat::run(&args),
+        Command::Completions(args) => shell::completions(&args, cli_command()),
+        Command::Man(args) => shell::man(&args, cli_command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -142,6 +142,24 @@ pub(crate) struct ChannelInner {
 }
 
 /// An event channel (`rdma_event_channel`). Cloning shares it.
+///
+/// Ids created on a channel report what happens to them as [`CmEvent`]s; wait with
+/// [`EventChannel::get_event`], or poll [`EventChannel::fd`] in an event loop.
+///
+/// ```
+/// use softrdma_cm::{CmId, EventChannel, EventType, PortSpace};
+/// use std::time::Duration;
+///
+/// let events = EventChannel::new()?;
+/// assert!(events.get_event(Some(Duration::from_millis(10))).is_err()); // nothing yet
+/// let id = CmId::create(Some(&events), PortSpace::Tcp)?;
+/// id.resolve_addr(None, "127.0.0.1:7471".parse().expect("an address"), 2000)?;
+/// let ev = events.get_event(Some(Duration::from_secs(10)))?;
+/// assert_eq!((ev.event, ev.status, &ev.id), (EventType::AddrResolved, 0, &id));
+/// ev.ack(); // rdma_ack_cm_event; dropping an event acknowledges it too
+/// id.destroy()?;
+/// # Ok::<(), softrdma_verbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct EventChannel {
     pub(crate) inner: Arc<ChannelInner>,

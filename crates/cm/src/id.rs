@@ -84,6 +84,66 @@ impl std::fmt::Debug for IdInner {
 }
 
 /// An RDMA CM identifier (`rdma_cm_id`). Cloning shares it; [`CmId::destroy`] releases it.
+///
+/// A server and a client in one process, connected over 127.0.0.1 (`siw_lo`, soft-iWARP; with
+/// [`CmOption::Transport`](crate::CmOption::Transport) `Some(TransportKind::Roce)` on both ids,
+/// `rxe_lo` and the IB CM). softrdma-cm's `cm_client_server` example also moves data.
+///
+/// ```
+/// use softrdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
+/// use softrdma_verbs::{QpCap, QpInitAttr, QpType};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // An RC QP on the id's device (`rdma_create_qp`).
+/// let create_qp = |id: &CmId| -> softrdma_verbs::Result<()> {
+///     let ctx = id.context().expect("a resolved or requested id has a device");
+///     let (pd, cq) = (ctx.alloc_pd()?, ctx.create_cq(8, None)?);
+///     let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+///     let init = QpInitAttr { send_cq: cq.clone(), recv_cq: cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false };
+///     id.create_qp(&pd, init).map(drop)
+/// };
+/// let wait = Some(Duration::from_secs(10));
+/// let (server_events, client_events) = (EventChannel::new()?, EventChannel::new()?);
+///
+/// // Server: listen on 127.0.0.1, on a port the CM picks.
+/// let listener = CmId::create(Some(&server_events), PortSpace::Tcp)?;
+/// listener.bind_addr("127.0.0.1:0".parse()?)?;
+/// listener.listen(8)?;
+/// let addr = listener.local_addr().expect("bound");
+///
+/// // Client: resolving the address and the route picks the device; then connect.
+/// let client = CmId::create(Some(&client_events), PortSpace::Tcp)?;
+/// client.resolve_addr(None, addr, 2000)?;
+/// assert_eq!(client_events.get_event(wait)?.event, EventType::AddrResolved);
+/// client.resolve_route(2000)?;
+/// assert_eq!(client_events.get_event(wait)?.event, EventType::RouteResolved);
+/// create_qp(&client)?;
+/// client.connect(&ConnParam { private_data: b"hello".to_vec(), ..ConnParam::default() })?;
+///
+/// // Server: the request brings a new id for the connection.
+/// let req = server_events.get_event(wait)?;
+/// assert_eq!(req.event, EventType::ConnectRequest);
+/// assert_eq!(req.param.private_data, b"hello");
+/// let conn = req.id.clone();
+/// req.ack();
+/// create_qp(&conn)?;
+/// conn.accept(None)?;
+/// assert_eq!(server_events.get_event(wait)?.event, EventType::Established);
+/// assert_eq!(client_events.get_event(wait)?.event, EventType::Established);
+/// assert_eq!(client.device().expect("a device").name, "siw_lo");
+///
+/// client.disconnect()?;
+/// assert_eq!(client_events.get_event(wait)?.event, EventType::Disconnected);
+/// assert_eq!(server_events.get_event(wait)?.event, EventType::Disconnected);
+/// for id in [client, conn] {
+///     id.destroy_qp()?;
+///     id.destroy()?;
+/// }
+/// listener.destroy()?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct CmId {
     inner: Arc<IdInner>,

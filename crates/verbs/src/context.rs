@@ -21,6 +21,21 @@ struct ContextInner {
 }
 
 /// An open device context (`ibv_context`). Cloning shares it.
+///
+/// ```
+/// use softrdma_verbs::{device, Context};
+///
+/// // This host's devices: a soft-iWARP `siw_<if>` and a soft-RoCE `rxe_<if>` per interface.
+/// let devices = device::list_devices()?;
+/// let lo = devices.iter().find(|d| d.name == "rxe_lo").expect("rxe_lo");
+/// let ctx = Context::open(lo)?; // or Context::open_by_name("rxe_lo")
+/// assert_eq!(ctx.device().name, "rxe_lo");
+/// assert!(ctx.query_device().max_qp > 0);
+/// // GID 0 of a RoCE device is its first IP address as an IPv4-mapped IPv6 address.
+/// let gid = ctx.query_gid(1, 0)?;
+/// println!("{}: GID 0 {gid:?}", lo.name);
+/// # Ok::<(), softrdma_verbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,

@@ -107,6 +107,35 @@ impl CqInner {
 pub const RESIZE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A completion queue (`ibv_cq`). Cloning shares it.
+///
+/// Work requests complete into CQs, in order per queue. Here a receive is flushed when its QP
+/// moves to the error state (a real transfer: softrdma-roce's `rc_pingpong` example):
+///
+/// ```
+/// use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+/// use softrdma_verbs::*;
+///
+/// let ctx = Context::open_by_name("siw_lo")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(16, None)?;
+/// assert!(cq.poll_one().is_none());
+/// let init = QpInitAttr {
+///     send_cq: cq.clone(),
+///     recv_cq: cq.clone(),
+///     srq: None,
+///     cap: QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+///     qp_type: QpType::Rc,
+///     sq_sig_all: false,
+/// };
+/// let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
+/// qp.modify(&QpAttr { qp_state: Some(QpState::Init), ..QpAttr::default() }, attr_mask::STATE)?;
+/// let mr = pd.alloc_mr(256, Access::LOCAL_WRITE)?;
+/// qp.post_recv_one(7, mr.sge(0, 256))?;
+/// qp.modify(&QpAttr { qp_state: Some(QpState::Err), ..QpAttr::default() }, attr_mask::STATE)?;
+/// let wc = cq.wait_for(1, std::time::Duration::from_secs(5));
+/// assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::WrFlushErr));
+/// # Ok::<(), softrdma_verbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Cq {
     inner: Arc<CqInner>,

@@ -173,6 +173,24 @@ pub fn check_local(
 }
 
 /// A registered memory region. Deregistered on drop (or explicitly with [`Mr::dereg`]).
+///
+/// Work requests name an MR's bytes with an [`Sge`](crate::Sge) (address, length, lkey); a
+/// peer names them with the MR's address and rkey.
+///
+/// ```
+/// use softrdma_verbs::{Access, Context};
+///
+/// let pd = Context::open_by_name("rxe_lo")?.alloc_pd()?;
+/// let mr = pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)?;
+/// mr.write(8, b"hello")?;
+/// let mut out = [0u8; 5];
+/// mr.read(8, &mut out)?;
+/// assert_eq!(&out, b"hello");
+/// let sge = mr.sge(8, 5); // for a SEND or WRITE of those 5 bytes
+/// assert_eq!((sge.addr, sge.length, sge.lkey), (mr.addr() + 8, 5, mr.lkey()));
+/// println!("a peer may write here: addr {:#x} rkey {:#x}", mr.addr(), mr.rkey());
+/// # Ok::<(), softrdma_verbs::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct Mr {
     inner: Arc<MrInner>,

@@ -52,6 +52,22 @@ impl Drop for PdUse {
 }
 
 /// A protection domain. Cloning shares it.
+///
+/// MRs and QPs live in a PD; a remote access is checked against the PD of the QP it arrives
+/// on. A PD cannot be deallocated while its MRs or QPs exist:
+///
+/// ```
+/// use softrdma_verbs::{Access, Context, Errno};
+///
+/// let ctx = Context::open_by_name("siw_lo")?;
+/// let pd = ctx.alloc_pd()?;
+/// let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
+/// let busy = pd.clone().dealloc().unwrap_err();
+/// assert_eq!(busy.errno, Errno::Busy);
+/// drop(mr); // deregisters
+/// pd.dealloc()?;
+/// # Ok::<(), softrdma_verbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Pd {
     inner: Arc<PdInner>,

@@ -384,6 +384,39 @@ impl QpInner {
 }
 
 /// A queue pair (`ibv_qp`). Cloning shares it; `destroy` releases it.
+///
+/// The transport crates create QPs with their transport attached: `softrdma_roce::driver::
+/// create_qp` on an `rxe_` device (then INIT → RTR → RTS with the peer's QP number, PSN and
+/// GID, as `ibv_rc_pingpong`: see softrdma-roce's `rc_pingpong` example), and
+/// `softrdma_cm::CmId::create_qp` for rdma_cm connections (the only way an iWARP QP reaches
+/// RTS: softrdma-cm's `cm_client_server` example). Here, the IBTA state machine alone:
+///
+/// ```
+/// use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+/// use softrdma_verbs::*;
+///
+/// let ctx = Context::open_by_name("siw_lo")?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(16, None)?;
+/// let init = QpInitAttr {
+///     send_cq: cq.clone(),
+///     recv_cq: cq.clone(),
+///     srq: None,
+///     cap: QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+///     qp_type: QpType::Rc,
+///     sq_sig_all: false,
+/// };
+/// let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
+/// assert_eq!(qp.state(), QpState::Reset);
+/// qp.modify(&QpAttr { qp_state: Some(QpState::Init), ..QpAttr::default() }, attr_mask::STATE)?;
+/// assert_eq!(qp.state(), QpState::Init);
+/// // Receives may be posted from INIT on; sends need RTS.
+/// let mr = pd.alloc_mr(1024, Access::LOCAL_WRITE)?;
+/// qp.post_recv_one(1, mr.sge(0, 1024))?;
+/// assert!(qp.post_send_one(SendWr::send(2, vec![mr.sge(0, 16)])).is_err());
+/// qp.destroy()?;
+/// # Ok::<(), softrdma_verbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Qp {
     inner: Arc<QpInner>,

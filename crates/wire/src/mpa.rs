@@ -101,6 +101,29 @@ impl IrdOrd {
 }
 
 /// One MPA Request or Reply frame.
+///
+/// A revision-2 Request with enhanced setup (RFC 6581), as a soft-iWARP initiator sends it
+/// right after the TCP connect, read back from a stream that arrives in two pieces:
+///
+/// ```
+/// use softrdma_wire::{IrdOrd, MpaFrame, MpaKind};
+///
+/// let req = MpaFrame {
+///     kind: MpaKind::Request,
+///     markers: false,
+///     crc: true,
+///     reject: false,
+///     revision: 2,
+///     enhanced: Some(IrdOrd { ird: 16, ord: 16, ..IrdOrd::default() }),
+///     private_data: b"rdma_cm private data".to_vec(),
+/// };
+/// let mut wire = Vec::new();
+/// req.emit(&mut wire)?;
+/// assert_eq!(wire.len(), req.wire_len());
+/// assert_eq!(MpaFrame::parse(&wire[..10])?, None); // more bytes needed
+/// assert_eq!(MpaFrame::parse(&wire)?, Some((req, wire.len())));
+/// # Ok::<(), softrdma_wire::WireError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpaFrame {
     /// Request or Reply.

@@ -37,6 +37,19 @@ const BECN: u8 = 0x40;
 const ACK_REQ: u8 = 0x80;
 
 /// The 12-byte Base Transport Header that starts every RoCEv2 UDP payload.
+///
+/// ```
+/// use softrdma_wire::roce::{Bth, RoceOpcode, BTH_LEN};
+///
+/// let mut bth = Bth::new(RoceOpcode::RcSendOnly, 0x11, 0x00ff_fffe);
+/// bth.ack_req = true;
+/// let mut wire = Vec::new();
+/// bth.emit(&mut wire);
+/// assert_eq!(wire.len(), BTH_LEN);
+/// assert_eq!(wire[0], 0x04); // the opcode byte: RC SEND Only
+/// assert_eq!(Bth::parse(&wire)?, bth);
+/// # Ok::<(), softrdma_wire::WireError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bth {
     /// Packet type; decides which extension headers follow.

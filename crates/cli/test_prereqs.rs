@@ -1,0 +1,1 @@
+../capi/test_prereqs.rs

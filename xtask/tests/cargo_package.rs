@@ -1,0 +1,135 @@
+//! The library crates are publishable: `cargo package --workspace` (every member but xtask)
+//! packs each crate and builds it from its `.crate` alone, the path dependencies resolved
+//! against the crates packed just before (cargo's local registry overlay); each archive carries
+//! both license texts and the README, and its manifest the fields crates.io shows.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CRATES: [&str; 7] = [
+    "softrdma-wire",
+    "softrdma-verbs",
+    "softrdma-iwarp",
+    "softrdma-roce",
+    "softrdma-cm",
+    "softrdma-capi",
+    "softrdma-cli",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(root());
+    // scripts/asan.sh runs the tests with its instrumented build's settings; a package is
+    // checked with the plain build
+    if std::env::var("RUSTFLAGS").is_ok_and(|f| f.contains("sanitizer")) {
+        for v in [
+            "RUSTFLAGS",
+            "RUSTDOCFLAGS",
+            "RUSTC_BOOTSTRAP",
+            "CARGO_TARGET_DIR",
+            "CARGO_ENCODED_RUSTFLAGS",
+        ] {
+            c.env_remove(v);
+        }
+    }
+    c
+}
+
+/// The workspace's target directory, from `cargo metadata`.
+fn target_dir() -> PathBuf {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = String::from_utf8(out.stdout).expect("UTF-8 metadata");
+    let key = "\"target_directory\":\"";
+    let start = json.find(key).expect("target_directory in cargo metadata") + key.len();
+    let end = start + json[start..].find('"').expect("end of target_directory");
+    PathBuf::from(&json[start..end])
+}
+
+fn tar_list(archive: &Path) -> Vec<String> {
+    let out = Command::new("tar").arg("-tzf").arg(archive).output().expect("run tar");
+    assert!(out.status.success(), "tar -tzf {}", archive.display());
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn tar_read(archive: &Path, member: &str) -> String {
+    let out = Command::new("tar")
+        .arg("-xzOf")
+        .arg(archive)
+        .arg(member)
+        .output()
+        .expect("run tar");
+    assert!(out.status.success(), "tar -xzOf {} {member}", archive.display());
+    String::from_utf8(out.stdout).expect("UTF-8 member")
+}
+
+#[test]
+fn every_crate_packages_and_builds_from_its_archive() {
+    let out = cargo()
+        .args(["package", "--workspace", "--exclude", "xtask", "--allow-dirty"])
+        .output()
+        .expect("run cargo package");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cargo package --workspace failed:\n{stderr}");
+    for krate in CRATES {
+        assert!(
+            stderr.contains(&format!("Verifying {krate} v")),
+            "{krate} was not verified:\n{stderr}"
+        );
+    }
+
+    let version = env!("CARGO_PKG_VERSION");
+    let dir = target_dir().join("package");
+    for krate in CRATES {
+        let archive = dir.join(format!("{krate}-{version}.crate"));
+        let files = tar_list(&archive);
+        let prefix = format!("{krate}-{version}/");
+        for want in ["Cargo.toml", "LICENSE-MIT", "LICENSE-APACHE", "README.md"] {
+            assert!(
+                files.iter().any(|f| *f == format!("{prefix}{want}")),
+                "{} lacks {want}: {files:?}",
+                archive.display()
+            );
+        }
+        let license = tar_read(&archive, &format!("{prefix}LICENSE-APACHE"));
+        assert!(
+            license.contains("Apache License") && license.contains("Version 2.0"),
+            "{krate}: LICENSE-APACHE"
+        );
+        let manifest = tar_read(&archive, &format!("{prefix}Cargo.toml"));
+        for field in [
+            "description = ",
+            "license = \"MIT OR Apache-2.0\"",
+            "rust-version = ",
+            "readme = \"README.md\"",
+        ] {
+            assert!(
+                manifest.contains(field),
+                "{krate}'s packaged Cargo.toml lacks `{field}`:\n{manifest}"
+            );
+        }
+        // every softrdma dependency is a versioned one crates.io can resolve
+        for (i, _) in manifest.match_indices("[dependencies.softrdma-") {
+            let table = &manifest[i..];
+            let table = &table[..table[1..].find("\n[").map_or(table.len(), |e| e + 1)];
+            assert!(
+                table.contains(&format!("version = \"{version}\"")),
+                "{krate}: unversioned {table}"
+            );
+        }
+    }
+}
