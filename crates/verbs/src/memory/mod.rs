@@ -8,7 +8,7 @@
 //!   waits until the ones in progress have ended, so no byte of the buffer is read or written
 //!   after `ibv_dereg_mr` returns; a work request that still names it fails its copy and
 //!   completes with an error.
-//! - **Guarded copies** ([`guarded_copy`]): a fault in the copy (the application unmapped or
+//! - **Guarded copies** (`guarded_copy.rs`): a fault in the copy (the application unmapped or
 //!   protected the buffer without deregistering it) is a failed access, never a signal.
 //! - **Checked ranges** ([`mapping`]): registration refuses a range that is not mapped with
 //!   the protections its access flags need, as the kernel's pinning does.
