@@ -571,3 +571,11 @@ fn advertised_limits_are_enforced() {
     let r = c_program_within("limits", RXE_LO, std::time::Duration::from_secs(300));
     assert!(!r.stderr.contains("panic"), "{}", r.describe());
 }
+
+#[test]
+fn attributes_are_validated_against_the_device() {
+    // Issue #12 scope 7 (tests/c/validation.c): modify_qp, create_cq, reg_mr, create_ah and
+    // dealloc_pd checked with the kernel's errno.
+    let r = c_program_with("validation", RXE_LO);
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
+}

@@ -521,6 +521,7 @@ impl Qp {
             return Ok(());
         }
         let dev = self.inner.pd.context().device().attr();
+        check_attr_values(qpn, attr, mask, &self.inner.pd.context().device().port_attr())?;
         let (cur, new, driver) = {
             let mut c = self.inner.core();
             let cur = c.state;
@@ -957,6 +958,41 @@ impl Qp {
 pub const MAX_INLINE: u32 = 256;
 
 /// The error of an iWARP QP asked for RTS without a connection, with what to do instead.
+/// Checks the values of the attributes `mask` names against the IBTA field widths and the
+/// port (as Linux rxe's `rxe_qp_chk_attr` and the core's P_Key lookup): EINVAL naming the
+/// attribute. PSNs and the destination QPN are masked to 24 bits, as the kernel does.
+fn check_attr_values(qpn: u32, attr: &QpAttr, mask: u32, port: &crate::device::PortAttr) -> Result<()> {
+    if mask & attr_mask::PATH_MTU != 0 && !(1..=port.max_mtu as u8).contains(&attr.path_mtu) {
+        bail!(
+            Inval,
+            "modify_qp {qpn}: path_mtu {} is not an IB MTU up to the port's max_mtu {} (1..={})",
+            attr.path_mtu,
+            port.max_mtu.bytes(),
+            port.max_mtu as u8
+        );
+    }
+    if mask & attr_mask::PKEY_INDEX != 0 && port.pkey_tbl_len > 0 && attr.pkey_index >= port.pkey_tbl_len {
+        bail!(
+            Inval,
+            "modify_qp {qpn}: pkey_index {} is outside the P_Key table ({} entries)",
+            attr.pkey_index,
+            port.pkey_tbl_len
+        );
+    }
+    let fields = [
+        (attr_mask::TIMEOUT, attr.timeout, 31, "timeout"),
+        (attr_mask::RETRY_CNT, attr.retry_cnt, 7, "retry_cnt"),
+        (attr_mask::RNR_RETRY, attr.rnr_retry, 7, "rnr_retry"),
+        (attr_mask::MIN_RNR_TIMER, attr.min_rnr_timer, 31, "min_rnr_timer"),
+    ];
+    for (bit, value, max, name) in fields {
+        if mask & bit != 0 && value > max {
+            bail!(Inval, "modify_qp {qpn}: {name} {value} exceeds {max}");
+        }
+    }
+    Ok(())
+}
+
 fn iwarp_rts_hint(qpn: u32, device: &str) -> String {
     format!(
         "modify_qp {qpn} to RTS: {device} is iWARP, and an iWARP QP reaches RTS only through its \
