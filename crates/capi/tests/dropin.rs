@@ -579,3 +579,11 @@ fn attributes_are_validated_against_the_device() {
     let r = c_program_with("validation", RXE_LO);
     assert!(!r.stderr.contains("panic"), "{}", r.describe());
 }
+
+#[test]
+fn a_cq_overrun_is_an_error() {
+    // Issue #12 scope 5 (tests/c/cq_overrun.c): CQ_ERR, the QP in ERR, every queued
+    // completion polled, later work flushed; the log names the CQ.
+    let r = c_program_with("cq_overrun", RXE_LO);
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
+}

@@ -125,6 +125,11 @@ pub struct SendWqe {
 pub trait QpDriver: Send + Sync + std::fmt::Debug {
     /// New send work is queued (or the QP state changed): make progress soon.
     fn kick(&self);
+    /// Like [`QpDriver::kick`], but never does the work on the caller's thread: the caller
+    /// may be inside the transport (a completion pushed to a CQ that overran).
+    fn kick_deferred(&self) {
+        self.kick();
+    }
 }
 
 /// A transport that follows a QP through its whole life (soft-RoCE): it hears every state
@@ -374,6 +379,32 @@ impl QpInner {
         }
     }
 
+    /// Its CQ overran (a completion could not be queued): as IBTA 11.4.2.1 (and Linux rxe's
+    /// CQ_ERR), the QP moves to ERR, its driver (or this call, without one) flushing what
+    /// is outstanding into whatever room the CQ has again. A QP in RESET or ERR is left alone.
+    pub(crate) fn cq_overrun(&self, cq: u64) {
+        let driver = {
+            let mut c = self.core();
+            if matches!(c.state, QpState::Reset | QpState::Err) {
+                return;
+            }
+            c.state = QpState::Err;
+            c.driver.clone()
+        };
+        tracing::error!(qpn = self.qpn, cq, "CQ overrun: QP moved to ERR");
+        self.entered_error();
+        match driver {
+            Some(d) => d.kick_deferred(),
+            None => {
+                let (s, r) = {
+                    let mut c = self.core();
+                    (c.sq.drain(..).collect(), c.rq.drain(..).collect())
+                };
+                self.flush(s, r);
+            }
+        }
+    }
+
     /// Moves to ERR and flushes everything queued (for QPs without a driver).
     pub fn error_and_flush(&self) {
         let (s, r) = self.enter_error();
@@ -452,7 +483,7 @@ impl Qp {
             None => (next_qpn(), None),
         };
         tracing::debug!(qpn, ?cap, "create_qp");
-        Ok(Qp {
+        let qp = Qp {
             inner: Arc::new(QpInner {
                 qpn,
                 qp_type: init.qp_type,
@@ -483,7 +514,11 @@ impl Qp {
                 }),
                 _charge: charge,
             }),
-        })
+        };
+        // A CQ overrun moves every QP whose completions go to that CQ to ERR.
+        qp.inner.send_cq.inner().attach_qp(&qp.inner);
+        qp.inner.recv_cq.inner().attach_qp(&qp.inner);
+        Ok(qp)
     }
 
     /// Shared state (for transports).
@@ -946,6 +981,8 @@ impl Qp {
         }
         self.inner.send_cq.inner().users.fetch_sub(1, Ordering::Relaxed);
         self.inner.recv_cq.inner().users.fetch_sub(1, Ordering::Relaxed);
+        self.inner.send_cq.inner().detach_qp(self.inner.qpn);
+        self.inner.recv_cq.inner().detach_qp(self.inner.qpn);
         if let Some(srq) = &self.inner.srq {
             srq.inner().users.fetch_sub(1, Ordering::Relaxed);
         }
@@ -957,7 +994,6 @@ impl Qp {
 /// Largest inline payload a QP may request.
 pub const MAX_INLINE: u32 = 256;
 
-/// The error of an iWARP QP asked for RTS without a connection, with what to do instead.
 /// Checks the values of the attributes `mask` names against the IBTA field widths and the
 /// port (as Linux rxe's `rxe_qp_chk_attr` and the core's P_Key lookup): EINVAL naming the
 /// attribute. PSNs and the destination QPN are masked to 24 bits, as the kernel does.
@@ -993,6 +1029,7 @@ fn check_attr_values(qpn: u32, attr: &QpAttr, mask: u32, port: &crate::device::P
     Ok(())
 }
 
+/// The error of an iWARP QP asked for RTS without a connection, with what to do instead.
 fn iwarp_rts_hint(qpn: u32, device: &str) -> String {
     format!(
         "modify_qp {qpn} to RTS: {device} is iWARP, and an iWARP QP reaches RTS only through its \
