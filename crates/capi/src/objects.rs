@@ -163,7 +163,10 @@ pub(crate) fn reg_mr(
 ) -> CResult<*mut ibv_mr> {
     // SAFETY: `p` is a PD of this library (C contract).
     let pd = unsafe { SoftPd::from_c(p)? };
-    if addr.is_null() && length > 0 {
+    if length == 0 {
+        return Err(CError::inval("reg_mr: length 0 registers nothing"));
+    }
+    if addr.is_null() {
         return Err(CError::new(libc::EFAULT, "reg_mr: addr is NULL"));
     }
     // Optional access bits (RELAXED_ORDERING, the optional range) only tune performance.

@@ -609,3 +609,19 @@ fn advertised_limits_are_enforced() {
     let r = c_program_within("limits", RXE_LO, std::time::Duration::from_secs(300));
     assert!(!r.stderr.contains("panic"), "{}", r.describe());
 }
+
+#[test]
+fn attributes_are_validated_against_the_device() {
+    // Issue #12 scope 7 (tests/c/validation.c): modify_qp, create_cq, reg_mr, create_ah and
+    // dealloc_pd checked with the kernel's errno.
+    let r = c_program_with("validation", RXE_LO);
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
+}
+
+#[test]
+fn a_cq_overrun_is_an_error() {
+    // Issue #12 scope 5 (tests/c/cq_overrun.c): CQ_ERR, the QP in ERR, every queued
+    // completion polled, later work flushed; the log names the CQ.
+    let r = c_program_with("cq_overrun", RXE_LO);
+    assert!(!r.stderr.contains("panic"), "{}", r.describe());
+}

@@ -47,22 +47,46 @@ pub struct CqInner {
     in_flight: AtomicU32,
     /// Counted against the device's `max_cq` (None for CQs made outside a context).
     _charge: Option<crate::quota::Charge>,
+    /// The QPs whose completions come here, by QP number (moved to ERR on an overrun).
+    qps: Mutex<std::collections::HashMap<u32, std::sync::Weak<crate::qp::QpInner>>>,
 }
 
 impl CqInner {
     /// Appends a completion; posts a channel event if armed for it. Returns false on overflow.
+    ///
+    /// An overrun is an error, as IBTA says (and Linux rxe's `rxe_cq_post` does): the
+    /// completion that does not fit is logged (naming the CQ, the QP and the WR), the first
+    /// overrun raises `IBV_EVENT_CQ_ERR`, and every QP whose completions come to this CQ
+    /// moves to ERR, so its outstanding work flushes into whatever room polling makes.
     pub fn push(self: &Arc<Self>, wc: WorkCompletion) -> bool {
         let notify = {
             let Ok(mut st) = self.state.lock() else { return false };
             let capacity = self.capacity.load(Ordering::Relaxed);
             if st.entries.len() >= capacity {
-                if !st.overflowed {
-                    tracing::error!(cq = self.id, capacity, "CQ overflow: completion dropped");
+                tracing::error!(
+                    cq = self.id,
+                    capacity,
+                    qpn = wc.qp_num,
+                    wr_id = wc.wr_id,
+                    status = ?wc.status,
+                    "CQ overrun: completion dropped"
+                );
+                let first = !st.overflowed;
+                st.overflowed = true;
+                drop(st);
+                if first {
                     if let Some(ev) = &self.events {
                         ev.post(AsyncEventKind::CqErr, AsyncElement::Cq(self.id));
                     }
                 }
-                st.overflowed = true;
+                let qps: Vec<_> = self
+                    .qps
+                    .lock()
+                    .map(|m| m.values().filter_map(std::sync::Weak::upgrade).collect())
+                    .unwrap_or_default();
+                for qp in qps {
+                    qp.cq_overrun(self.id);
+                }
                 return false;
             }
             st.entries.push_back(wc);
@@ -88,6 +112,20 @@ impl CqInner {
     /// Process-unique id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// QP `qp` sends completions here (an overrun moves it to ERR).
+    pub(crate) fn attach_qp(&self, qp: &Arc<crate::qp::QpInner>) {
+        if let Ok(mut m) = self.qps.lock() {
+            m.insert(qp.qpn, Arc::downgrade(qp));
+        }
+    }
+
+    /// QP `qpn` is destroyed.
+    pub(crate) fn detach_qp(&self, qpn: u32) {
+        if let Ok(mut m) = self.qps.lock() {
+            m.remove(&qpn);
+        }
     }
 
     /// A signaled send WR was posted: its completion will come here.
@@ -170,6 +208,7 @@ impl Cq {
                 users: AtomicU32::new(0),
                 in_flight: AtomicU32::new(0),
                 _charge: charge,
+                qps: Mutex::new(std::collections::HashMap::new()),
             }),
         })
     }

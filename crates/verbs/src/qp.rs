@@ -125,6 +125,11 @@ pub struct SendWqe {
 pub trait QpDriver: Send + Sync + std::fmt::Debug {
     /// New send work is queued (or the QP state changed): make progress soon.
     fn kick(&self);
+    /// Like [`QpDriver::kick`], but never does the work on the caller's thread: the caller
+    /// may be inside the transport (a completion pushed to a CQ that overran).
+    fn kick_deferred(&self) {
+        self.kick();
+    }
 }
 
 /// A transport that follows a QP through its whole life (soft-RoCE): it hears every state
@@ -376,6 +381,32 @@ impl QpInner {
         }
     }
 
+    /// Its CQ overran (a completion could not be queued): as IBTA 11.4.2.1 (and Linux rxe's
+    /// CQ_ERR), the QP moves to ERR, its driver (or this call, without one) flushing what
+    /// is outstanding into whatever room the CQ has again. A QP in RESET or ERR is left alone.
+    pub(crate) fn cq_overrun(&self, cq: u64) {
+        let driver = {
+            let mut c = self.core();
+            if matches!(c.state, QpState::Reset | QpState::Err) {
+                return;
+            }
+            c.state = QpState::Err;
+            c.driver.clone()
+        };
+        tracing::error!(qpn = self.qpn, cq, "CQ overrun: QP moved to ERR");
+        self.entered_error();
+        match driver {
+            Some(d) => d.kick_deferred(),
+            None => {
+                let (s, r) = {
+                    let mut c = self.core();
+                    (c.sq.drain(..).collect(), c.rq.drain(..).collect())
+                };
+                self.flush(s, r);
+            }
+        }
+    }
+
     /// Moves to ERR and flushes everything queued (for QPs without a driver).
     pub fn error_and_flush(&self) {
         let (s, r) = self.enter_error();
@@ -487,7 +518,7 @@ impl Qp {
             None => (next_qpn(), None),
         };
         tracing::debug!(qpn, ?cap, "create_qp");
-        Ok(Qp {
+        let qp = Qp {
             inner: Arc::new(QpInner {
                 qpn,
                 qp_type: init.qp_type,
@@ -519,7 +550,11 @@ impl Qp {
                 }),
                 _charge: charge,
             }),
-        })
+        };
+        // A CQ overrun moves every QP whose completions go to that CQ to ERR.
+        qp.inner.send_cq.inner().attach_qp(&qp.inner);
+        qp.inner.recv_cq.inner().attach_qp(&qp.inner);
+        Ok(qp)
     }
 
     /// Shared state (for transports).
@@ -557,6 +592,7 @@ impl Qp {
             return Ok(());
         }
         let dev = self.inner.pd.context().device().attr();
+        check_attr_values(qpn, attr, mask, &self.inner.pd.context().device().port_attr())?;
         let (cur, new, driver) = {
             let mut c = self.inner.core();
             let cur = c.state;
@@ -1003,6 +1039,8 @@ impl Qp {
         }
         self.inner.send_cq.inner().users.fetch_sub(1, Ordering::Relaxed);
         self.inner.recv_cq.inner().users.fetch_sub(1, Ordering::Relaxed);
+        self.inner.send_cq.inner().detach_qp(self.inner.qpn);
+        self.inner.recv_cq.inner().detach_qp(self.inner.qpn);
         if let Some(srq) = &self.inner.srq {
             srq.inner().users.fetch_sub(1, Ordering::Relaxed);
         }
@@ -1013,6 +1051,41 @@ impl Qp {
 
 /// Largest inline payload a QP may request.
 pub const MAX_INLINE: u32 = 256;
+
+/// Checks the values of the attributes `mask` names against the IBTA field widths and the
+/// port (as Linux rxe's `rxe_qp_chk_attr` and the core's P_Key lookup): EINVAL naming the
+/// attribute. PSNs and the destination QPN are masked to 24 bits, as the kernel does.
+fn check_attr_values(qpn: u32, attr: &QpAttr, mask: u32, port: &crate::device::PortAttr) -> Result<()> {
+    if mask & attr_mask::PATH_MTU != 0 && !(1..=port.max_mtu as u8).contains(&attr.path_mtu) {
+        bail!(
+            Inval,
+            "modify_qp {qpn}: path_mtu {} is not an IB MTU up to the port's max_mtu {} (1..={})",
+            attr.path_mtu,
+            port.max_mtu.bytes(),
+            port.max_mtu as u8
+        );
+    }
+    if mask & attr_mask::PKEY_INDEX != 0 && port.pkey_tbl_len > 0 && attr.pkey_index >= port.pkey_tbl_len {
+        bail!(
+            Inval,
+            "modify_qp {qpn}: pkey_index {} is outside the P_Key table ({} entries)",
+            attr.pkey_index,
+            port.pkey_tbl_len
+        );
+    }
+    let fields = [
+        (attr_mask::TIMEOUT, attr.timeout, 31, "timeout"),
+        (attr_mask::RETRY_CNT, attr.retry_cnt, 7, "retry_cnt"),
+        (attr_mask::RNR_RETRY, attr.rnr_retry, 7, "rnr_retry"),
+        (attr_mask::MIN_RNR_TIMER, attr.min_rnr_timer, 31, "min_rnr_timer"),
+    ];
+    for (bit, value, max, name) in fields {
+        if mask & bit != 0 && value > max {
+            bail!(Inval, "modify_qp {qpn}: {name} {value} exceeds {max}");
+        }
+    }
+    Ok(())
+}
 
 /// The error of an iWARP QP asked for RTS without a connection, with what to do instead.
 fn iwarp_rts_hint(qpn: u32, device: &str) -> String {

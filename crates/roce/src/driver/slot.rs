@@ -487,6 +487,12 @@ impl QpDriver for RoceQp {
             ep.kick(self.slot.qpn);
         }
     }
+
+    fn kick_deferred(&self) {
+        if let Ok(ep) = self.endpoint() {
+            ep.kick(self.slot.qpn);
+        }
+    }
 }
 
 impl QpTransport for RoceQp {
