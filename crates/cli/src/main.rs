@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod capture;
 mod cmatose;
 mod devices;
 mod dropin;
@@ -46,6 +47,8 @@ enum Command {
     Run(dropin::RunArgs),
     /// Live counters of every process using softrdma: per device and per QP, both transports.
     Stat(stat::StatArgs),
+    /// Record this host's softrdma traffic (lo) in a pcapng Wireshark decodes: capture -w F -- CMD.
+    Capture(capture::CaptureArgs),
     /// Print shell completions: softrdma completions bash > ~/.local/share/bash-completion/completions/softrdma.
     Completions(shell::CompletionsArgs),
     /// Print the man page (roff): softrdma man | man -l -.
@@ -73,6 +76,10 @@ fn main() -> ExitCode {
         Command::Env(args) => dropin::env(&args),
         Command::Run(args) => return dropin::run(&args),
         Command::Stat(args) => stat::run(&args),
+        Command::Capture(args) => match capture::run(&args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Completions(args) => shell::completions(&args, cli_command()),
         Command::Man(args) => shell::man(&args, cli_command()),
     };

@@ -1,0 +1,67 @@
+//! `softrdma capture` records same-host traffic of both transports in a pcapng that the wire
+//! oracle (`tools/wirecheck`, Wireshark underneath) decodes and passes: `ibv_rc_pingpong` on
+//! `rxe_lo` (soft-RoCE to per-process UDP ports, readdressed to 4791 in the file) and `rping`
+//! on `siw_lo` (soft-iWARP on TCP), unmodified, over the drop-in.
+
+mod common;
+mod multihost;
+
+use common::{dropin_dir, free_port, Proc, TIMEOUT};
+use multihost::{wirecheck, wirecheck_path};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The `softrdma` CLI of this workspace (cargo builds every binary before running tests).
+fn softrdma() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("softrdma");
+    assert!(p.is_file(), "{} not built (run `cargo build --workspace`)", p.display());
+    p
+}
+
+#[test]
+#[cfg_attr(softrdma_unprivileged, ignore = "needs root: dumpcap captures on lo (CI runs it)")]
+#[cfg_attr(
+    softrdma_no_capture_tools,
+    ignore = "needs dumpcap, tshark and nftables (apt-get install tshark nftables)"
+)]
+fn capture_of_same_host_roce_and_iwarp_passes_wirecheck() {
+    let checker = wirecheck_path().expect("tools/wirecheck/wirecheck is in the repository");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("same-host.pcapng");
+    let (pp, rp) = (free_port(), free_port());
+    // Both pairs, one after the other; the script fails if any of the four tools fails.
+    let script = format!(
+        "ibv_rc_pingpong -d rxe_lo -g 0 -n 50 -s 4096 -p {pp} & sleep 0.5; \
+         ibv_rc_pingpong -d rxe_lo -g 0 -n 50 -s 4096 -p {pp} 127.0.0.1 || exit 1; wait $! || exit 2; \
+         rping -s -a 127.0.0.1 -p {rp} -C 5 & sleep 0.5; \
+         rping -c -a 127.0.0.1 -p {rp} -C 5 -V || exit 3; wait $! || exit 4"
+    );
+    let r = Proc::start(
+        Command::new(softrdma())
+            .arg("capture")
+            .arg("-w")
+            .arg(&file)
+            .args(["--", "sh", "-c", &script])
+            .env("LD_LIBRARY_PATH", dropin_dir()),
+    )
+    .wait(TIMEOUT + Duration::from_secs(30));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    let readdressed: u64 = r
+        .stderr
+        .split("; ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        readdressed >= 200,
+        "same-host RoCE datagrams readdressed: {}",
+        r.describe()
+    );
+    let report = wirecheck(&checker, &file, &["roce", "iwarp"]);
+    assert!(report.contains("icrc_bad=0"), "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
