@@ -44,6 +44,9 @@ pub struct Context {
 impl Context {
     /// Opens a device.
     pub fn open(device: &DeviceInfo) -> Result<Context> {
+        // The counter socket of `softrdma stat` exists from the first open device on, so the
+        // process's fds do not change when its first connection comes up.
+        crate::stats::ensure_server();
         Ok(Context {
             inner: Arc::new(ContextInner {
                 device: device.clone(),

@@ -1,7 +1,7 @@
 //! Live counters for `softrdma stat`: every QP of this process, readable by another process.
 //!
-//! Each transport registers its live QPs as [`CounterSource`]s. The first registration starts
-//! a small server: one thread blocked in `accept` on the abstract Unix socket
+//! Each transport registers its live QPs as [`CounterSource`]s. The first opened device (or
+//! the first registration) starts a small server: one thread blocked in `accept` on the abstract Unix socket
 //! `@softrdma-stat-<pid>` (so it costs no CPU while nobody asks, and vanishes with the
 //! process). A client that connects gets one JSON [`ProcessStats`] and the connection closes.
 //! Only a peer of the same user (or root) is answered. `softrdma stat` finds the processes by
@@ -130,7 +130,8 @@ pub fn snapshot() -> ProcessStats {
 /// The pid the server runs for (0: none yet); a forked child starts its own.
 static SERVER_PID: AtomicU32 = AtomicU32::new(0);
 
-fn ensure_server() {
+/// Starts this process's counter socket (once per process; again in a forked child).
+pub(crate) fn ensure_server() {
     let pid = std::process::id();
     if SERVER_PID.swap(pid, Ordering::AcqRel) == pid {
         return;
