@@ -6,19 +6,11 @@
 mod common;
 mod multihost;
 
-use common::{dropin_dir, free_port, Proc, TIMEOUT};
+use common::{dropin_dir, free_port, softrdma, Proc, TIMEOUT};
 use multihost::{wirecheck, wirecheck_path};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-/// The `softrdma` CLI of this workspace (cargo builds every binary before running tests).
-fn softrdma() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("softrdma");
-    assert!(p.is_file(), "{} not built (run `cargo build --workspace`)", p.display());
-    p
-}
 
 #[test]
 #[cfg_attr(softrdma_unprivileged, ignore = "needs root: dumpcap captures on lo (CI runs it)")]

@@ -6,17 +6,8 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// The `softrdma` CLI of this workspace (cargo builds every binary before running tests).
-fn softrdma() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("softrdma");
-    assert!(p.is_file(), "{} not built (run `cargo build --workspace`)", p.display());
-    p
-}
 
 /// The QPs `softrdma stat --json` reports for `pid` on `device`.
 fn qps_of(stat: &Value, pid: u32, device: &str) -> Vec<Value> {

@@ -6,17 +6,8 @@
 
 mod common;
 
-use common::{dropin_dir, free_port, wait_listening, Proc, Run, TIMEOUT};
-use std::path::PathBuf;
+use common::{dropin_dir, free_port, softrdma, wait_listening, Proc, Run, TIMEOUT};
 use std::process::Command;
-
-/// The `softrdma` CLI of this workspace (cargo builds every binary before running tests).
-fn softrdma() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("softrdma");
-    assert!(p.is_file(), "{} not built (run `cargo build --workspace`)", p.display());
-    p
-}
 
 /// `softrdma run -- <args>` with the drop-in of this test run and `env`.
 fn run_cmd(args: &[&str], env: &[(&str, &str)]) -> Command {

@@ -16,22 +16,10 @@
 #include <infiniband/verbs.h>
 
 #include "check.h"
+#include "open_dev.h"
 
 #define CQE 4
 #define WRS 64
-
-static struct ibv_context *open_dev(const char *name)
-{
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = NULL;
-
-	for (int i = 0; list && i < n; i++)
-		if (strcmp(ibv_get_device_name(list[i]), name) == 0)
-			ctx = ibv_open_device(list[i]);
-	ibv_free_device_list(list);
-	return ctx;
-}
 
 static int drain(struct ibv_cq *cq, int *ok, int *flushed, int *other)
 {

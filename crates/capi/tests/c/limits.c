@@ -28,19 +28,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "check.h"
-
-static struct ibv_context *open_dev(const char *name)
-{
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = NULL;
-
-	for (int i = 0; list && i < n; i++)
-		if (strcmp(ibv_get_device_name(list[i]), name) == 0)
-			ctx = ibv_open_device(list[i]);
-	ibv_free_device_list(list);
-	return ctx;
-}
+#include "open_dev.h"
 
 /* Creates objects with `make` until it fails; checks that exactly `max` succeeded and that
  * the failure is ENOMEM; frees one, creates one more, then frees them all. */

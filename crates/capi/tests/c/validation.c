@@ -23,19 +23,7 @@
 #include <infiniband/verbs.h>
 
 #include "check.h"
-
-static struct ibv_context *open_dev(const char *name)
-{
-	int n = 0;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	struct ibv_context *ctx = NULL;
-
-	for (int i = 0; list && i < n; i++)
-		if (strcmp(ibv_get_device_name(list[i]), name) == 0)
-			ctx = ibv_open_device(list[i]);
-	ibv_free_device_list(list);
-	return ctx;
-}
+#include "open_dev.h"
 
 static enum ibv_qp_state state_of(struct ibv_qp *qp)
 {

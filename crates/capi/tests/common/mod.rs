@@ -178,6 +178,14 @@ pub fn run(cmd: &mut Command) -> Run {
     Proc::start(cmd).wait(TIMEOUT)
 }
 
+/// The `softrdma` CLI of this workspace (cargo builds every binary before running tests).
+pub fn softrdma() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("softrdma");
+    assert!(p.is_file(), "{} not built (run `cargo build --workspace`)", p.display());
+    p
+}
+
 pub fn binary(name: &str) -> PathBuf {
     let p = Path::new("/usr/bin").join(name);
     assert!(
