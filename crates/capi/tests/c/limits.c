@@ -30,10 +30,17 @@
 #include "check.h"
 #include "open_dev.h"
 
+/* 0 with --no-counts (the ASan run: hundreds of thousands of objects take too long there). */
+static int do_counts = 1;
+
 /* Creates objects with `make` until it fails; checks that exactly `max` succeeded and that
  * the failure is ENOMEM; frees one, creates one more, then frees them all. */
 #define FILL(what, max, type, make, destroy)                                                           \
 	do {                                                                                           \
+		if (!do_counts) {                                                                      \
+			printf("skip %s: object counts not checked in this run (--no-counts)\n", what); \
+			break;                                                                         \
+		}                                                                                      \
 		long lim_ = (max), n_ = 0;                                                             \
 		type **objs_ = calloc((size_t)lim_ + 2, sizeof(*objs_));                               \
 		int err_ = 0;                                                                          \
@@ -273,9 +280,10 @@ static void out_of_fds(struct ibv_context *rxe)
 	ibv_dealloc_pd(pd);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	alarm(290);
+	do_counts = !(argc > 1 && strcmp(argv[1], "--no-counts") == 0);
 	struct ibv_context *siw = open_dev("siw_lo"), *rxe = open_dev("rxe_lo");
 	CHECK(siw && rxe, "open siw_lo and rxe_lo");
 	if (!siw || !rxe)
