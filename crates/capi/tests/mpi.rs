@@ -10,11 +10,19 @@
 //! for RMA, on `rc_verbs/rxe_lo:1`. The same job without softrdma fails (UCX has no verbs
 //! device, so `pml ucx` cannot be selected).
 //!
+//! Across hosts: a 4-rank job, 2 ranks on each of two network namespaces joined by veth
+//! (198.18.0.0/15), each with one soft-RoCE device on its veth. mpirun runs in host a; Open
+//! MPI's rsh launcher starts the daemon of host b through an agent script (`plm_rsh_agent`)
+//! that runs it with `ip netns exec` under `softrdma run`. Every rank's endpoints must be on
+//! rc_verbs over its own host's device. This one needs root (namespaces).
+//!
 //! Needs openmpi-bin and libopenmpi-dev (mpicc); reported as ignored without the consumers.
 
 mod common;
+mod multihost;
 
 use common::{dropin_dir, Proc, Run};
+use multihost::Hosts;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -54,6 +62,11 @@ fn mpi_check() -> PathBuf {
 /// The mpirun command line: 2 ranks, UCX for point-to-point and one-sided, no BTL but
 /// `self`, UCX restricted to the verbs transports (and `self`) on `rxe_lo`.
 fn mpirun_args(exe: &Path) -> Vec<String> {
+    mpirun_args_with(exe, &["-np", "2", "-x", "UCX_NET_DEVICES=rxe_lo:1"])
+}
+
+/// [`mpirun_args`] with `extra` instead of the rank count and device.
+fn mpirun_args_with(exe: &Path, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
         "timeout",
         "-k",
@@ -62,8 +75,6 @@ fn mpirun_args(exe: &Path) -> Vec<String> {
         "mpirun",
         "--allow-run-as-root",
         "--oversubscribe",
-        "-np",
-        "2",
         "--mca",
         "pml",
         "ucx",
@@ -76,15 +87,75 @@ fn mpirun_args(exe: &Path) -> Vec<String> {
         "-x",
         "UCX_TLS=rc_verbs,ud_verbs,self",
         "-x",
-        "UCX_NET_DEVICES=rxe_lo:1",
-        "-x",
         "UCX_LOG_LEVEL=info",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
     v.push(exe.display().to_string());
     v
+}
+
+/// Checks a finished job: exit 0, every check of mpi_check passed, and `ranks` ranks each
+/// with endpoints for tag matching and RMA on rc_verbs over the device `dev_of(pid)` names
+/// and on nothing but rc_verbs, ud_verbs and self.
+fn check_job(r: &Run, ranks: usize, devs: &[String]) {
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert!(r.stdout.contains("PASSED: 0 failure(s)"), "{}", r.describe());
+    for check in [
+        "ping-pong of 1 bytes",
+        "ping-pong of 1048576 bytes",
+        "MPI_Allreduce",
+        "MPI_Alltoall",
+        "Isend/Irecv ring",
+        "MPI_Put of 1048576 bytes",
+        "MPI_Get of 1048576 bytes",
+        "under MPI_Win_lock",
+    ] {
+        assert!(
+            r.stdout.lines().any(|l| l.starts_with("ok   ") && l.contains(check)),
+            "no passing check {check:?}\n{}",
+            r.describe()
+        );
+    }
+    let all = format!("{}{}", r.stdout, r.stderr);
+    let cfgs = ep_cfgs(&all);
+    assert_eq!(
+        cfgs.len(),
+        ranks,
+        "expected the ep_cfg lines of {ranks} ranks\n{}",
+        r.describe()
+    );
+    for (pid, lines) in &cfgs {
+        let dev = devs
+            .iter()
+            .find(|d| lines.iter().any(|l| l.contains(&format!("rc_verbs/{d}:1"))))
+            .unwrap_or_else(|| {
+                panic!(
+                    "rank {pid}: no rc_verbs endpoint on {devs:?}: {lines:?}\n{}",
+                    r.describe()
+                )
+            });
+        for want in [format!("tag(rc_verbs/{dev}:1)"), format!("rma(rc_verbs/{dev}:1)")] {
+            assert!(
+                lines.iter().any(|l| l.contains(&want)),
+                "rank {pid}: no endpoint with {want}: {lines:?}\n{}",
+                r.describe()
+            );
+        }
+        for l in lines {
+            let rest = l
+                .replace(&format!("rc_verbs/{dev}:1"), "")
+                .replace(&format!("ud_verbs/{dev}:1"), "")
+                .replace("self/memory0", "");
+            assert!(
+                !rest.contains('/'),
+                "rank {pid}: an endpoint over another transport or device: {l}\n{}",
+                r.describe()
+            );
+        }
+    }
 }
 
 /// The UCX `ep_cfg` lines of each rank (by pid), from UCX's info log.
@@ -121,49 +192,7 @@ fn mpi_job_over_pml_ucx_on_rxe_lo_checks_its_data() {
         .arg("--")
         .args(&args)
         .env("SOFTRDMA_DROPIN_DIR", dropin_dir()));
-    assert_eq!(r.code, Some(0), "{}", r.describe());
-    assert!(r.stdout.contains("PASSED: 0 failure(s)"), "{}", r.describe());
-    for check in [
-        "ping-pong of 1 bytes",
-        "ping-pong of 1048576 bytes",
-        "MPI_Allreduce",
-        "MPI_Alltoall",
-        "Isend/Irecv ring",
-        "MPI_Put of 1048576 bytes",
-        "MPI_Get of 1048576 bytes",
-        "under MPI_Win_lock",
-    ] {
-        assert!(
-            r.stdout.lines().any(|l| l.starts_with("ok   ") && l.contains(check)),
-            "no passing check {check:?}\n{}",
-            r.describe()
-        );
-    }
-    // Each rank's endpoint to the other rank: tag matching (pml ucx) and RMA (osc ucx) over
-    // rc_verbs on rxe_lo, and no endpoint of either over anything but rc_verbs and self.
-    let all = format!("{}{}", r.stdout, r.stderr);
-    let cfgs = ep_cfgs(&all);
-    assert_eq!(cfgs.len(), 2, "expected the ep_cfg lines of 2 ranks\n{}", r.describe());
-    for (pid, lines) in &cfgs {
-        for want in ["tag(rc_verbs/rxe_lo:1)", "rma(rc_verbs/rxe_lo:1)"] {
-            assert!(
-                lines.iter().any(|l| l.contains(want)),
-                "rank {pid}: no endpoint with {want}: {lines:?}\n{}",
-                r.describe()
-            );
-        }
-        for l in lines {
-            let rest = l
-                .replace("rc_verbs/rxe_lo:1", "")
-                .replace("ud_verbs/rxe_lo:1", "")
-                .replace("self/memory0", "");
-            assert!(
-                !rest.contains('/'),
-                "rank {pid}: an endpoint over another transport: {l}\n{}",
-                r.describe()
-            );
-        }
-    }
+    check_job(&r, 2, &["rxe_lo".to_string()]);
 }
 
 #[test]
@@ -199,4 +228,98 @@ fn the_same_job_without_softrdma_fails() {
     assert!(!r.status.success(), "the job ran without softrdma:\n{out}");
     assert!(out.contains("PML ucx cannot be selected"), "{out}");
     assert!(!out.contains("PASSED"), "{out}");
+}
+
+/// The agent Open MPI's rsh launcher runs as `AGENT HOST CMD...`: CMD (the daemon) in the
+/// namespace of HOST, with that host's device list, under `softrdma run`, bounded.
+fn agent(h: &Hosts, cfg_a: &Path, cfg_b: &Path) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-agent-{}.sh", std::process::id()));
+    let text = format!(
+        "#!/bin/sh\n\
+         host=$1; shift\n\
+         case \"$host\" in\n\
+         {a}) ns={na}; cfg={ca};;\n\
+         {b}) ns={nb}; cfg={cb};;\n\
+         *) echo \"mpi agent: unknown host $host\" >&2; exit 1;;\n\
+         esac\n\
+         export SOFTRDMA_CONFIG=\"$cfg\"\n\
+         exec ip netns exec \"$ns\" {softrdma} run -- timeout -k 5 {t} sh -c \"$*\"\n",
+        a = h.addr_a,
+        b = h.addr_b,
+        na = h.a,
+        nb = h.b,
+        ca = cfg_a.display(),
+        cb = cfg_b.display(),
+        softrdma = softrdma().display(),
+        t = MPIRUN_TIMEOUT_S,
+    );
+    std::fs::write(&path, text).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A `SOFTRDMA_CONFIG` with one soft-RoCE device on `netdev`.
+fn roce_config(netdev: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpi");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("rxe-{netdev}.toml"));
+    std::fs::write(
+        &path,
+        format!("[[device]]\nname = \"rxe_{netdev}\"\ntransport = \"roce\"\nnetdev = \"{netdev}\"\n"),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_consumers,
+    ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
+)]
+fn mpi_job_of_four_ranks_across_two_hosts() {
+    let Some(h) = Hosts::or_skip("p") else { return };
+    let exe = mpi_check();
+    let (cfg_a, cfg_b) = (roce_config(&h.veth_a), roce_config(&h.veth_b));
+    let agent = agent(&h, &cfg_a, &cfg_b);
+    let hosts = format!("{}:2,{}:2", h.addr_a, h.addr_b);
+    let subnet = format!("{}/24", h.addr_a);
+    let agent_s = agent.display().to_string();
+    let args = mpirun_args_with(
+        &exe,
+        &[
+            "-np",
+            "4",
+            "--host",
+            &hosts,
+            "--mca",
+            "plm_rsh_agent",
+            &agent_s,
+            "--mca",
+            "oob_tcp_if_include",
+            &subnet,
+        ],
+    );
+    let mut run_args = vec!["run".to_string(), "--".to_string()];
+    run_args.extend(args);
+    let refs: Vec<&str> = run_args.iter().map(String::as_str).collect();
+    let r = job(h
+        .cmd(&h.a, softrdma(), &refs)
+        .env("SOFTRDMA_DROPIN_DIR", dropin_dir())
+        .env("SOFTRDMA_CONFIG", &cfg_a));
+    let _ = std::fs::remove_file(&agent);
+    check_job(&r, 4, &[h.dev_a(), h.dev_b()]);
+    // two ranks on each host
+    let all = format!("{}{}", r.stdout, r.stderr);
+    for dev in [h.dev_a(), h.dev_b()] {
+        let on_dev = ep_cfgs(&all)
+            .values()
+            .filter(|lines| lines.iter().any(|l| l.contains(&format!("tag(rc_verbs/{dev}:1)"))))
+            .count();
+        assert_eq!(on_dev, 2, "ranks on {dev}: {on_dev}\n{}", r.describe());
+    }
 }
