@@ -10,6 +10,9 @@
 //! for RMA, on `rc_verbs/rxe_lo:1`. The same job without softrdma fails (UCX has no verbs
 //! device, so `pml ucx` cannot be selected).
 //!
+//! A rank killed (SIGKILL) mid-job while the others wait for it: mpirun must end the job
+//! within 30 s with an error naming the dead rank, and leave no rank behind.
+//!
 //! Across hosts: a 4-rank job, 2 ranks on each of two network namespaces joined by veth
 //! (198.18.0.0/15), each with one soft-RoCE device on its veth. mpirun runs in host a; Open
 //! MPI's rsh launcher starts the daemon of host b through an agent script (`plm_rsh_agent`)
@@ -40,23 +43,35 @@ fn softrdma() -> PathBuf {
     p
 }
 
-/// `tests/c/mpi_check.c` built with mpicc.
+/// The tests of this file run one at a time: each job keeps both cores busy, and the
+/// killed-rank test looks for leftover ranks of the shared program.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `tests/c/mpi_check.c` built with mpicc, once per test binary (the tests run in parallel
+/// and must not rewrite a program another one is running).
 fn mpi_check() -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mpi_check");
-    let r = common::run(
-        Command::new("mpicc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&out)
-            .arg(&src),
-    );
-    assert_eq!(
-        r.code,
-        Some(0),
-        "mpicc failed (libopenmpi-dev installed?)\n{}",
-        r.describe()
-    );
-    out
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi_check-{}", std::process::id()));
+        let r = common::run(
+            Command::new("mpicc")
+                .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+                .arg(&out)
+                .arg(&src),
+        );
+        assert_eq!(
+            r.code,
+            Some(0),
+            "mpicc failed (libopenmpi-dev installed?)\n{}",
+            r.describe()
+        );
+        out
+    })
+    .clone()
 }
 
 /// The mpirun command line: 2 ranks, UCX for point-to-point and one-sided, no BTL but
@@ -185,6 +200,7 @@ fn job(cmd: &mut Command) -> Run {
     ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
 )]
 fn mpi_job_over_pml_ucx_on_rxe_lo_checks_its_data() {
+    let _serial = one_at_a_time();
     let exe = mpi_check();
     let args = mpirun_args(&exe);
     let r = job(Command::new(softrdma())
@@ -201,6 +217,7 @@ fn mpi_job_over_pml_ucx_on_rxe_lo_checks_its_data() {
     ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
 )]
 fn the_same_job_without_softrdma_fails() {
+    let _serial = one_at_a_time();
     // Proves the job above needs softrdma's device: with the system's libraries (no RDMA
     // device on this host) UCX has neither transport, and pml ucx cannot be selected.
     if Path::new("/sys/class/infiniband")
@@ -282,6 +299,7 @@ fn roce_config(netdev: &str) -> PathBuf {
     ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
 )]
 fn mpi_job_of_four_ranks_across_two_hosts() {
+    let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("p") else { return };
     let exe = mpi_check();
     let (cfg_a, cfg_b) = (roce_config(&h.veth_a), roce_config(&h.veth_b));
@@ -322,4 +340,52 @@ fn mpi_job_of_four_ranks_across_two_hosts() {
             .count();
         assert_eq!(on_dev, 2, "ranks on {dev}: {on_dev}\n{}", r.describe());
     }
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_no_consumers,
+    ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
+)]
+fn a_killed_rank_ends_the_job_in_bounded_time() {
+    let _serial = one_at_a_time();
+    let exe = mpi_check();
+    let mut args = mpirun_args(&exe);
+    args.push("kill-rank-1".into());
+    let started = std::time::Instant::now();
+    let r = job(Command::new(softrdma())
+        .arg("run")
+        .arg("--")
+        .args(&args)
+        .env("SOFTRDMA_DROPIN_DIR", dropin_dir()));
+    let took = started.elapsed();
+    assert!(
+        r.stdout.contains("ping-pong of 1048576 bytes") && r.stdout.contains("the last rank dies now"),
+        "the job did not get to the kill\n{}",
+        r.describe()
+    );
+    assert_ne!(r.code, Some(0), "{}", r.describe());
+    assert_ne!(r.code, Some(124), "mpirun hung until its timeout\n{}", r.describe());
+    assert!(
+        took < Duration::from_secs(30),
+        "the job took {took:?} to end\n{}",
+        r.describe()
+    );
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        all.contains("exited on signal 9"),
+        "mpirun did not report the killed rank\n{}",
+        r.describe()
+    );
+    assert!(!all.contains("received from a dead rank"), "{}", r.describe());
+    // no rank left running
+    let exe_s = exe.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path().join("exe")).ok())
+        .map(|p| p.display().to_string())
+        .filter(|p| *p == exe_s)
+        .collect();
+    assert!(left.is_empty(), "ranks still running: {left:?}");
 }

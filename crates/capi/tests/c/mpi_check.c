@@ -12,11 +12,17 @@
  *
  * Every rank counts its failures; rank 0 prints each check and the summary line of check.h
  * ("PASSED: 0 failure(s)") with the total of all ranks, and the exit status says the same.
+ *
+ * With the argument "kill-rank-1", the last rank kills itself (SIGKILL) after the ping-pong,
+ * while the others wait in MPI_Recv for a message from it that never comes: the job must end
+ * (with an error) in bounded time, not hang.
  */
 #include <mpi.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -207,6 +213,21 @@ int main(int argc, char **argv)
 	RCHECK(nranks >= 2, "%d ranks (at least 2)", nranks);
 	if (nranks >= 2) {
 		pingpong();
+		if (argc > 1 && strcmp(argv[1], "kill-rank-1") == 0) {
+			char byte;
+
+			printf("rank %d: ping-pong done, the last rank dies now\n", rank);
+			fflush(stdout);
+			MPI_Barrier(MPI_COMM_WORLD);
+			if (rank == nranks - 1) {
+				/* give mpirun a moment to forward the output above */
+				usleep(500000);
+				raise(SIGKILL);
+			}
+			MPI_Recv(&byte, 1, MPI_BYTE, nranks - 1, 999, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			printf("rank %d: received from a dead rank\n", rank);
+			return 3;
+		}
 		allreduce();
 		alltoall();
 		nonblocking();
