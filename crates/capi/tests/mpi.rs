@@ -13,11 +13,12 @@
 //! A rank killed (SIGKILL) mid-job while the others wait for it: mpirun must end the job
 //! within 30 s with an error naming the dead rank, and leave no rank behind.
 //!
-//! Across hosts: a 4-rank job, 2 ranks on each of two network namespaces joined by veth
-//! (198.18.0.0/15), each with one soft-RoCE device on its veth. mpirun runs in host a; Open
-//! MPI's rsh launcher starts the daemon of host b through an agent script (`plm_rsh_agent`)
-//! that runs it with `ip netns exec` under `softrdma run`. Every rank's endpoints must be on
-//! rc_verbs over its own host's device. This one needs root (namespaces).
+//! Across hosts: a 4-rank job on three hosts (2 ranks on the first, 1 on each other), network
+//! namespaces whose veths (198.18.0.0/15) meet on a bridge, each host with one soft-RoCE
+//! device on its veth. mpirun runs in the first; Open MPI's rsh launcher starts the daemons of
+//! the others through an agent script (`plm_rsh_agent`) that runs them with `ip netns exec`
+//! under `softrdma run`. Every rank's endpoints must be on rc_verbs over its own host's
+//! device. This one needs root (namespaces).
 //!
 //! Needs openmpi-bin and libopenmpi-dev (mpicc); reported as ignored without the consumers.
 
@@ -25,7 +26,6 @@ mod common;
 mod multihost;
 
 use common::{dropin_dir, Proc, Run};
-use multihost::Hosts;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -249,24 +249,21 @@ fn the_same_job_without_softrdma_fails() {
 
 /// The agent Open MPI's rsh launcher runs as `AGENT HOST CMD...`: CMD (the daemon) in the
 /// namespace of HOST, with that host's device list, under `softrdma run`, bounded.
-fn agent(h: &Hosts, cfg_a: &Path, cfg_b: &Path) -> PathBuf {
+fn agent(hosts: &[(String, String, PathBuf)]) -> PathBuf {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mpi-agent-{}.sh", std::process::id()));
+    let mut cases = String::new();
+    for (addr, ns, cfg) in hosts {
+        cases.push_str(&format!("{addr}) ns={ns}; cfg={};;\n", cfg.display()));
+    }
     let text = format!(
         "#!/bin/sh\n\
          host=$1; shift\n\
          case \"$host\" in\n\
-         {a}) ns={na}; cfg={ca};;\n\
-         {b}) ns={nb}; cfg={cb};;\n\
+         {cases}\
          *) echo \"mpi agent: unknown host $host\" >&2; exit 1;;\n\
          esac\n\
          export SOFTRDMA_CONFIG=\"$cfg\"\n\
          exec ip netns exec \"$ns\" {softrdma} run -- timeout -k 5 {t} sh -c \"$*\"\n",
-        a = h.addr_a,
-        b = h.addr_b,
-        na = h.a,
-        nb = h.b,
-        ca = cfg_a.display(),
-        cb = cfg_b.display(),
         softrdma = softrdma().display(),
         t = MPIRUN_TIMEOUT_S,
     );
@@ -274,6 +271,101 @@ fn agent(h: &Hosts, cfg_a: &Path, cfg_b: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
+}
+
+/// Three hosts on one Ethernet: namespaces `h1`..`h3`, each with a veth (198.19.K.1..3/24)
+/// whose peer is a port of a bridge in a fourth namespace. Everything is deleted on drop.
+struct ThreeHosts {
+    ns: Vec<String>,
+    bridge_ns: String,
+    veths: Vec<String>,
+    addrs: Vec<String>,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl ThreeHosts {
+    fn new() -> Result<ThreeHosts, String> {
+        let pid = std::process::id();
+        let k = pid % 250 + 1;
+        let mut t = ThreeHosts {
+            ns: Vec::new(),
+            bridge_ns: format!("srmpi{pid}br"),
+            veths: Vec::new(),
+            addrs: Vec::new(),
+        };
+        ip(&["netns", "add", &t.bridge_ns])?;
+        ip(&["-n", &t.bridge_ns, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &t.bridge_ns, "link", "set", "br0", "up"])?;
+        for i in 1..=3 {
+            let (ns, veth, port) = (
+                format!("srmpi{pid}h{i}"),
+                format!("mp{pid}h{i}"),
+                format!("mp{pid}p{i}"),
+            );
+            ip(&["netns", "add", &ns])?;
+            t.ns.push(ns.clone());
+            ip(&[
+                "link",
+                "add",
+                &veth,
+                "netns",
+                &ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &port,
+                "netns",
+                &t.bridge_ns,
+            ])?;
+            ip(&["-n", &t.bridge_ns, "link", "set", &port, "master", "br0", "up"])?;
+            let addr = format!("198.19.{k}.{i}");
+            ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", &veth])?;
+            ip(&["-n", &ns, "link", "set", &veth, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            t.veths.push(veth);
+            t.addrs.push(addr);
+        }
+        // a port is ACTIVE once its interface is running (the kernel takes up to a second)
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        for (ns, veth) in t.ns.iter().zip(&t.veths) {
+            loop {
+                let out = Command::new("ip")
+                    .args(["-n", ns, "-o", "link", "show", "dev", veth])
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                if text.contains("LOWER_UP") && text.contains("state UP") {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("{veth} in {ns} is not up after 10 s: {text}"));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(t)
+    }
+}
+
+impl Drop for ThreeHosts {
+    fn drop(&mut self) {
+        for ns in self.ns.iter().chain([&self.bridge_ns]) {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
 }
 
 /// A `SOFTRDMA_CONFIG` with one soft-RoCE device on `netdev`.
@@ -298,14 +390,22 @@ fn roce_config(netdev: &str) -> PathBuf {
     softrdma_no_consumers,
     ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
 )]
-fn mpi_job_of_four_ranks_across_two_hosts() {
+fn mpi_job_of_four_ranks_across_three_hosts() {
     let _serial = one_at_a_time();
-    let Some(h) = Hosts::or_skip("p") else { return };
+    let t = match ThreeHosts::new() {
+        Ok(t) => t,
+        Err(e) => {
+            multihost::skip(&format!("cannot create network namespaces ({e}); run as root"));
+            return;
+        }
+    };
     let exe = mpi_check();
-    let (cfg_a, cfg_b) = (roce_config(&h.veth_a), roce_config(&h.veth_b));
-    let agent = agent(&h, &cfg_a, &cfg_b);
-    let hosts = format!("{}:2,{}:2", h.addr_a, h.addr_b);
-    let subnet = format!("{}/24", h.addr_a);
+    let hosts: Vec<(String, String, PathBuf)> = (0..3)
+        .map(|i| (t.addrs[i].clone(), t.ns[i].clone(), roce_config(&t.veths[i])))
+        .collect();
+    let agent = agent(&hosts);
+    let host_list = format!("{}:2,{}:1,{}:1", t.addrs[0], t.addrs[1], t.addrs[2]);
+    let subnet = format!("{}/24", t.addrs[0]);
     let agent_s = agent.display().to_string();
     let args = mpirun_args_with(
         &exe,
@@ -313,7 +413,7 @@ fn mpi_job_of_four_ranks_across_two_hosts() {
             "-np",
             "4",
             "--host",
-            &hosts,
+            &host_list,
             "--mca",
             "plm_rsh_agent",
             &agent_s,
@@ -324,21 +424,23 @@ fn mpi_job_of_four_ranks_across_two_hosts() {
     );
     let mut run_args = vec!["run".to_string(), "--".to_string()];
     run_args.extend(args);
-    let refs: Vec<&str> = run_args.iter().map(String::as_str).collect();
-    let r = job(h
-        .cmd(&h.a, softrdma(), &refs)
+    let r = job(Command::new("ip")
+        .args(["netns", "exec", &t.ns[0]])
+        .arg(softrdma())
+        .args(&run_args)
         .env("SOFTRDMA_DROPIN_DIR", dropin_dir())
-        .env("SOFTRDMA_CONFIG", &cfg_a));
+        .env("SOFTRDMA_CONFIG", &hosts[0].2));
     let _ = std::fs::remove_file(&agent);
-    check_job(&r, 4, &[h.dev_a(), h.dev_b()]);
-    // two ranks on each host
+    let devs: Vec<String> = t.veths.iter().map(|v| format!("rxe_{v}")).collect();
+    check_job(&r, 4, &devs);
+    // 2 ranks on the first host, 1 on each of the others
     let all = format!("{}{}", r.stdout, r.stderr);
-    for dev in [h.dev_a(), h.dev_b()] {
+    for (dev, want) in devs.iter().zip([2, 1, 1]) {
         let on_dev = ep_cfgs(&all)
             .values()
             .filter(|lines| lines.iter().any(|l| l.contains(&format!("tag(rc_verbs/{dev}:1)"))))
             .count();
-        assert_eq!(on_dev, 2, "ranks on {dev}: {on_dev}\n{}", r.describe());
+        assert_eq!(on_dev, want, "ranks on {dev}: {on_dev}\n{}", r.describe());
     }
 }
 
