@@ -6,6 +6,8 @@
 //! - `fi_pingpong -p verbs -e msg` and `-e rdm` (verbs;ofi_rxm) run between two processes of
 //!   one host and between two hosts, over iWARP and over RoCE, every size of `-S all`, with
 //!   `-c` (the receiver checks every buffer against the pattern; a mismatch fails the run).
+//! - a server killed (SIGKILL) mid-run fails its client within 30 s (`-e msg` over both
+//!   transports, `-e rdm` over RoCE; not `-e rdm` over iWARP, see the test).
 //!
 //! Each host's `SOFTRDMA_CONFIG` lists only the device of the transport under test, on its
 //! veth (not on `lo`): libfabric never lists a device on `lo` for MSG endpoints (it skips
@@ -14,9 +16,6 @@
 //! loopback device, LOOPBACK.md R5). Between hosts, fi_pingpong's server sends its client the
 //! address it bound, so its host resolves `localhost` to its veth address
 //! (`/etc/netns/<ns>/hosts`, which `ip netns exec` mounts over `/etc/hosts`); see the README.
-//!
-//! - a server killed (SIGKILL) mid-run fails its client within 30 s (`-e msg` over both
-//!   transports, `-e rdm` over RoCE; not `-e rdm` over iWARP, see the test).
 //!
 //! Needs root (namespaces) and libfabric-bin; reported as ignored without them.
 
