@@ -7,7 +7,9 @@
 //!   one host and between two hosts, over iWARP and over RoCE, every size of `-S all`, with
 //!   `-c` (the receiver checks every buffer against the pattern; a mismatch fails the run).
 //! - a server killed (SIGKILL) mid-run fails its client within 30 s (`-e msg` over both
-//!   transports, `-e rdm` over RoCE; not `-e rdm` over iWARP, see the test).
+//!   transports, `-e rdm` over RoCE; not `-e rdm` over iWARP, see the test);
+//! - devices with `loopback = false`: within one host the server fails at once with
+//!   softrdma's reason; between hosts `-e rdm` runs over them.
 //!
 //! Each host's `SOFTRDMA_CONFIG` lists only the device of the transport under test, on its
 //! veth (not on `lo`): libfabric never lists a device on `lo` for MSG endpoints (it skips
@@ -70,11 +72,16 @@ impl Transport {
 
 /// A `SOFTRDMA_CONFIG` with one device of `t` on `netdev`.
 fn config(t: Transport, netdev: &str) -> PathBuf {
+    config_with(t, netdev, true)
+}
+
+/// [`config`], with the device's `loopback` setting.
+fn config_with(t: Transport, netdev: &str, loopback: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libfabric");
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{}-{netdev}.toml", t.name()));
+    let path = dir.join(format!("{}-{netdev}-{loopback}.toml", t.name()));
     let text = format!(
-        "[[device]]\nname = \"{}\"\ntransport = \"{}\"\nnetdev = \"{netdev}\"\n",
+        "[[device]]\nname = \"{}\"\ntransport = \"{}\"\nnetdev = \"{netdev}\"\nloopback = {loopback}\n",
         t.device(netdev),
         t.name()
     );
@@ -138,6 +145,7 @@ fn pingpong(
     client_ns: &str,
     client_if: &str,
     server_addr: &str,
+    loopback: bool,
 ) {
     const ITERS: &str = "4";
     let port = free_port();
@@ -149,9 +157,9 @@ fn pingpong(
     let mut cargs = common.to_vec();
     cargs.extend(["-d", &cdev, "-P", &p, server_addr]);
     let what = format!("fi_pingpong -e {ep} over {t:?} ({sdev} ⇐ {cdev})");
-    let mut server = Proc::start(&mut in_ns(h, server_ns, &config(t, server_if), &sargs));
+    let mut server = Proc::start(&mut in_ns(h, server_ns, &config_with(t, server_if, loopback), &sargs));
     wait_listening_in_ns(&mut server, port);
-    let mut client = Proc::start(&mut in_ns(h, client_ns, &config(t, client_if), &cargs));
+    let mut client = Proc::start(&mut in_ns(h, client_ns, &config_with(t, client_if, loopback), &cargs));
     let deadline = Instant::now() + RUN_TIMEOUT;
     while !client.exited() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -265,7 +273,7 @@ fn fi_pingpong_msg_and_rdm_within_one_host() {
     let Some(h) = Hosts::or_skip("o") else { return };
     for t in [Transport::Iwarp, Transport::Roce] {
         for ep in ["msg", "rdm"] {
-            pingpong(&h, t, ep, &h.a, &h.veth_a, &h.a, &h.veth_a, &h.addr_a);
+            pingpong(&h, t, ep, &h.a, &h.veth_a, &h.a, &h.veth_a, &h.addr_a, true);
         }
     }
 }
@@ -282,7 +290,7 @@ fn fi_pingpong_msg_and_rdm_between_two_hosts() {
     let _localhost = LocalhostIs::new(&h.a, &h.addr_a);
     for t in [Transport::Iwarp, Transport::Roce] {
         for ep in ["msg", "rdm"] {
-            pingpong(&h, t, ep, &h.a, &h.veth_a, &h.b, &h.veth_b, &h.addr_a);
+            pingpong(&h, t, ep, &h.a, &h.veth_a, &h.b, &h.veth_b, &h.addr_a, true);
         }
     }
 }
@@ -378,5 +386,60 @@ fn a_killed_server_fails_the_client_in_bounded_time() {
         (Transport::Roce, "rdm"),
     ] {
         killed_server(&h, t, ep);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs libfabric-bin (and the other consumers)")]
+fn devices_without_loopback_refuse_one_host_and_serve_two() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("l") else { return };
+    // Within one host: fi_pingpong's server binds "localhost", which no device serves; it
+    // fails at once, softrdma saying why (SOFTRDMA_DEBUG=1), and exits (no signal, no hang).
+    for t in [Transport::Iwarp, Transport::Roce] {
+        let dev = t.device(&h.veth_a);
+        let cfg = config_with(t, &h.veth_a, false);
+        let port = free_port().to_string();
+        let mut c = in_ns(
+            &h,
+            &h.a,
+            &cfg,
+            &["fi_pingpong", "-p", "verbs", "-e", "msg", "-d", &dev, "-B", &port],
+        );
+        c.env("SOFTRDMA_DEBUG", "1");
+        let mut server = Proc::start(&mut c);
+        wait_listening_in_ns(&mut server, port.parse().unwrap());
+        // fi_pingpong calls fi_getinfo once its control connection is up
+        let mut poke = h.cmd(
+            &h.a,
+            "bash",
+            &["-c", &format!("exec 3<>/dev/tcp/{}/{port}; sleep 2", h.addr_a)],
+        );
+        let _poke = Proc::start(&mut poke);
+        let r = server.wait(Duration::from_secs(15));
+        assert!(
+            matches!(r.code, Some(c) if c != 0),
+            "{t:?}: the server must fail with an exit status\n{}",
+            r.describe()
+        );
+        assert!(
+            r.stderr.contains("no loopback-capable RDMA device") && r.stderr.contains("loopback disabled by config"),
+            "{t:?}: softrdma must say why\n{}",
+            r.describe()
+        );
+        assert!(
+            r.stdout.contains("fi_getinfo()") || r.stderr.contains("fi_getinfo()"),
+            "{}",
+            r.describe()
+        );
+    }
+    // Between hosts they serve (fi_pingpong's server host names its veth address localhost).
+    let _localhost = LocalhostIs::new(&h.a, &h.addr_a);
+    for t in [Transport::Iwarp, Transport::Roce] {
+        pingpong(&h, t, "rdm", &h.a, &h.veth_a, &h.b, &h.veth_b, &h.addr_a, false);
     }
 }
