@@ -44,8 +44,11 @@ fn ip_pair(st: &IdState) -> Result<(SocketAddr, IpAddr, SocketAddr, IpAddr)> {
 
 /// The peer's GID (as an address) for a destination: the destination itself, except
 /// that an address of this host that is not in the device's GID table (127.1.2.3 on `lo`)
-/// stands for the GID the passive side will send from (the table's entry for it, 127.0.0.1).
-fn peer_gid(dev: &softrdma_verbs::device::DeviceInfo, dst: IpAddr) -> IpAddr {
+/// stands for the GID the passive side will send from (the table's entry for it, 127.0.0.1),
+/// and a loopback address on a loopback-capable device on another netdev stands for that
+/// device's GID of its family (where its packets come from). The passive side maps the
+/// requester's address the same way.
+pub(super) fn peer_gid(dev: &softrdma_verbs::device::DeviceInfo, dst: IpAddr) -> IpAddr {
     match dev
         .gid_index_of(dst)
         .and_then(|i| dev.gid(i))

@@ -263,7 +263,7 @@ pub(crate) fn on_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Req) {
         } else {
             req.path_mtu.min(dev_mtu)
         },
-        peer: Some(peer.remote),
+        peer: Some(super::active::peer_gid(&a.dev, peer.remote)),
         sgid_index: a.dev.gid_index_of(a.dst).unwrap_or(0) as u8,
         traffic_class: req.primary_path.traffic_class,
         remote_qpn: req.local_qpn,
@@ -374,7 +374,7 @@ pub(crate) fn on_sidr_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Sid
             remote: peer.remote,
             peer: SocketAddr::new(a.hdr.src, a.hdr.src_port),
             path: RcPath {
-                peer: Some(peer.remote),
+                peer: Some(super::active::peer_gid(&a.dev, peer.remote)),
                 sgid_index: a.dev.gid_index_of(a.dst).unwrap_or(0) as u8,
                 ..RcPath::default()
             },

@@ -103,8 +103,11 @@ impl DeviceInfo {
     /// The index of the RoCE GID that stands for `ip` (IPv4-mapped IPv6 addresses count as
     /// their IPv4 address, IPv6 scope ids are ignored). On a loopback netdev, an address it
     /// owns only through its subnet (127.0.0.2 on `lo`) maps to its first GID of the same
-    /// family, the address the kernel would answer from. None if no GID fits, and always for
-    /// iWARP devices, whose GID is not an address.
+    /// family, the address the kernel would answer from. So does a loopback address on a
+    /// loopback-capable device on another netdev (the device loopback traffic uses when there
+    /// is none on `lo`, LOOPBACK.md R5): its packets go to and come from that GID, where its
+    /// UDP endpoint is. None if no GID fits, and always for iWARP devices, whose GID is not an
+    /// address.
     pub fn gid_index_of(&self, ip: IpAddr) -> Option<usize> {
         if self.transport != TransportKind::Roce {
             return None;
@@ -115,7 +118,7 @@ impl DeviceInfo {
         if let Some(i) = gids.iter().position(|g| *g == want) {
             return Some(i);
         }
-        if self.is_loopback_netdev && self.owns_ip(ip) {
+        if (self.is_loopback_netdev && self.owns_ip(ip)) || (self.loopback && ip.is_loopback()) {
             return gids
                 .iter()
                 .position(|g| super::gid::gid_to_ip(*g).is_ipv4() == ip.is_ipv4());
@@ -239,6 +242,20 @@ mod tests {
         assert_eq!(d.gid_index_of("::ffff:198.19.0.1".parse().unwrap()), Some(1));
         assert_eq!(d.gid_index_of("fe80::1".parse().unwrap()), Some(3));
         assert_eq!(d.gid_index_of("198.18.0.2".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn loopback_on_a_loopback_capable_device_elsewhere_is_its_gid_of_that_family() {
+        // The device 127.0.0.1 uses when none is on `lo` (R5): its packets must go to the
+        // address its UDP endpoint has, not to 127.0.0.1 (issue #16: RoCE over 127.0.0.1 on
+        // such a device ended in RETRY_EXC_ERR).
+        let mut d = rxe(&[("fe80::1", 2), ("198.18.0.1", 0), ("2001:db8::1", 0)]);
+        assert!(d.loopback);
+        assert_eq!(d.gid_index_of("127.0.0.1".parse().unwrap()), Some(0));
+        assert_eq!(d.gid_index_of("::ffff:127.0.0.1".parse().unwrap()), Some(0));
+        assert_eq!(d.gid_index_of("::1".parse().unwrap()), Some(1));
+        d.loopback = false;
+        assert_eq!(d.gid_index_of("127.0.0.1".parse().unwrap()), None);
     }
 
     #[test]
