@@ -377,14 +377,12 @@ fn killed_server(h: &Hosts, t: Transport, ep: &str) {
 fn a_killed_server_fails_the_client_in_bounded_time() {
     let _serial = one_at_a_time();
     let Some(h) = Hosts::or_skip("k") else { return };
-    // RDM over iWARP is not here: a SEND completes once TCP has it (as on siw), so ofi_rxm's
-    // client has nothing outstanding but a receive, which a peer's death does not fail
-    // (ofi_rxm just closes that connection); fi_pingpong then waits forever. See the README.
-    for (t, ep) in [
-        (Transport::Iwarp, "msg"),
-        (Transport::Roce, "msg"),
-        (Transport::Roce, "rdm"),
-    ] {
+    // RDM is not here: ofi_rxm does not fail a posted receive when a peer's connection dies
+    // (it just closes that connection), so a client caught with nothing outstanding but its
+    // receive waits forever. Over iWARP that is always the case (a SEND completes once TCP has
+    // it, as on siw); over RoCE it depends on the moment of the kill (a SEND still waiting for
+    // its ACK fails after the retries, 8.6 s): one CI run in several hung. See the README.
+    for (t, ep) in [(Transport::Iwarp, "msg"), (Transport::Roce, "msg")] {
         killed_server(&h, t, ep);
     }
 }
