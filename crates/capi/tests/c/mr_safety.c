@@ -133,6 +133,47 @@ static int reg_fails(struct ibv_pd *pd, void *addr, size_t len, int access, int 
 	return 0;
 }
 
+/* True if the page at `addr` is mapped (msync answers ENOMEM for an unmapped range). */
+static int page_mapped(void *addr)
+{
+	return msync(addr, PAGE, MS_ASYNC) == 0;
+}
+
+/*
+ * Registrations over a hole: two pages whose second was unmapped, and the hole alone. Another
+ * thread of this process (the library's, or ASan's allocator) may map the freed page again
+ * before or during the call; such an attempt proves nothing and is made again with a new hole.
+ */
+static void unmapped_checks(struct ibv_pd *pd, int access)
+{
+	struct {
+		size_t offset, len;
+		const char *what;
+	} cases[] = { { 0, 2 * PAGE, "two pages, the second unmapped" }, { PAGE, PAGE, "an unmapped page" } };
+	for (unsigned c = 0; c < 2; c++) {
+		int done = 0;
+		for (int attempt = 0; attempt < 10 && !done; attempt++) {
+			char *p = map_pages(2 * PAGE, PROT_READ | PROT_WRITE);
+			if (!p)
+				break;
+			munmap(p + PAGE, PAGE);
+			errno = 0;
+			struct ibv_mr *mr = page_mapped(p + PAGE) ? NULL : ibv_reg_mr(pd, p + cases[c].offset, cases[c].len, access);
+			int e = errno;
+			int reused = page_mapped(p + PAGE);
+			if (mr)
+				ibv_dereg_mr(mr);
+			munmap(p, PAGE);
+			if (reused)
+				continue;
+			CHECK(mr == NULL && e == EFAULT, "ibv_reg_mr over %s: %s (want %s)", cases[c].what,
+			      mr ? "registered" : strerror(e), strerror(EFAULT));
+			done = 1;
+		}
+		CHECK(done, "ibv_reg_mr over %s: a hole that stayed unmapped within 10 attempts", cases[c].what);
+	}
+}
+
 static void registration_checks(struct ibv_pd *pd)
 {
 	char *p = map_pages(4 * PAGE, PROT_READ | PROT_WRITE);
@@ -156,10 +197,8 @@ static void registration_checks(struct ibv_pd *pd)
 	CHECK(mr != NULL, "ibv_reg_mr of a read-only page for REMOTE_READ only");
 	if (mr)
 		ibv_dereg_mr(mr);
-	munmap(p + PAGE, PAGE);
-	reg_fails(pd, p, 2 * PAGE, rw, EFAULT, "two pages, the second unmapped");
-	reg_fails(pd, p + PAGE, PAGE, rw, EFAULT, "an unmapped page");
 	munmap(p, 4 * PAGE);
+	unmapped_checks(pd, rw);
 }
 
 static int wait_wc(struct ibv_cq *cq, struct ibv_wc *wc, int ms)
