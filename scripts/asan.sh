@@ -15,9 +15,8 @@
 #   then the capi integration tests cm_tools (ucmatose, rping, rping -q, rdma_server/client,
 #   cmtime), roce_tools (ibv_rc_pingpong / ibv_ud_pingpong -g 0, ib_{send,write,read}_{bw,lat}
 #   on rxe_lo) and dropin (ibv_devices, ibv_devinfo, the C smoke programs, built with
-#   -fsanitize=address too) against it; mr_safety runs 40 rounds per case here
-#   (SOFTRDMA_MR_SAFETY_ROUNDS) against 200 in the plain run: rounds add transfers, not checks;
-#   limits skips its object counts (SOFTRDMA_LIMITS_COUNTS=0: 700,000 objects take minutes).
+#   -fsanitize=address too) against it; limits skips its object counts there
+#   (SOFTRDMA_LIMITS_COUNTS=0: 700,000 objects take minutes under ASan).
 #   The test executables are built without ASan (in
 #   target/asan/debug/, with their own CARGO_TARGET_TMPDIR, so a concurrent normal `cargo test`
 #   never picks up the ASan library); they get SOFTRDMA_DROPIN_LIB=<the ASan library> and
@@ -224,7 +223,7 @@ for l in sys.stdin:
     shift
     asan_options tools "$leaks" 0
     (cd crates/capi && run env "LD_PRELOAD=$runtime" "SOFTRDMA_DROPIN_LIB=$dir/libsoftrdma.so" "CC=$cc" \
-      "ASAN_OPTIONS=$ASAN_OPTIONS" "SOFTRDMA_MR_SAFETY_ROUNDS=${SOFTRDMA_MR_SAFETY_ROUNDS:-40}" "SOFTRDMA_LIMITS_COUNTS=0" \
+      "ASAN_OPTIONS=$ASAN_OPTIONS" "SOFTRDMA_LIMITS_COUNTS=0" \
       nice -n 10 "$@" "${test_args[@]}") || rc=1
   }
   local leaky_roce=(ibv_rc_pingpong_without_gid_says_what_to_do perftest_without_rdma_cm_over_rxe)
