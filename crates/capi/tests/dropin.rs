@@ -452,7 +452,7 @@ fn c_program_within(name: &str, extra: &str, limit: std::time::Duration, args: &
 /// Issue #12: registration refuses what the kernel cannot pin; a peer cannot reach a byte
 /// beside an MR; deregistering (then unmapping) the source or target of a 64 MiB WRITE, READ
 /// or SEND while it runs never faults, and no byte changes after dereg returns. 200 rounds
-/// per case on each transport (`SOFTRDMA_MR_SAFETY_ROUNDS` overrides, e.g. under ASan).
+/// per case on each transport (`SOFTRDMA_MR_SAFETY_ROUNDS` overrides it for a quick run by hand).
 #[test]
 fn registered_memory_never_faults_and_never_strays() {
     let rounds = std::env::var("SOFTRDMA_MR_SAFETY_ROUNDS").unwrap_or_else(|_| "200".to_owned());
