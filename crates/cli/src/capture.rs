@@ -194,31 +194,22 @@ fn readdress(frame: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Recomputes the UDP checksum of the IP packet `ip` whose UDP header starts at `l4`.
+/// Recomputes the UDP checksum of the IP packet `ip` whose UDP header starts at `l4`
+/// (etherparse, over the IPv4 or IPv6 pseudo header). Leaves it alone if the header is short.
 fn udp_checksum(ip: &mut [u8], l4: usize) {
-    ip[l4 + 6..l4 + 8].copy_from_slice(&[0, 0]);
-    let udp_len = ip.len() - l4;
-    let mut sum: u32 = 0;
-    let mut add = |b: &[u8]| {
-        for c in b.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-        }
+    let Ok((udp, payload)) = etherparse::UdpHeader::from_slice(&ip[l4..]) else {
+        return;
     };
-    if ip[0] >> 4 == 4 {
-        add(&ip[12..20]);
-        add(&[0, 17]);
+    let sum = if ip[0] >> 4 == 4 {
+        let addr = |at: usize| -> [u8; 4] { ip[at..at + 4].try_into().unwrap_or_default() };
+        udp.calc_checksum_ipv4_raw(addr(12), addr(16), payload)
     } else {
-        add(&ip[8..40]);
-        add(&[0, 17]);
+        let addr = |at: usize| -> [u8; 16] { ip[at..at + 16].try_into().unwrap_or_default() };
+        udp.calc_checksum_ipv6_raw(addr(8), addr(24), payload)
+    };
+    if let Ok(c) = sum {
+        ip[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
     }
-    add(&(udp_len as u16).to_be_bytes());
-    add(&ip[l4..]);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let c = !(sum as u16);
-    let c = if c == 0 { 0xffff } else { c };
-    ip[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
 }
 
 #[cfg(test)]
@@ -259,6 +250,22 @@ mod tests {
         let (carried, computed) = icrc_of_ip_packet(&g[14..]).unwrap();
         assert_eq!(carried, computed, "the ICRC fits the new port");
         assert_ne!(&g[40..42], &[0, 0], "UDP checksum set");
+        // The pseudo header, UDP header and payload sum to 0xffff with a right checksum.
+        let mut sum: u32 = 0;
+        let udp = &g[34..];
+        let mut add = |b: &[u8]| {
+            for c in b.chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            }
+        };
+        add(&g[26..34]);
+        add(&[0, 17]);
+        add(&(udp.len() as u16).to_be_bytes());
+        add(udp);
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff, "the UDP checksum verifies");
         assert!(readdress(&frame(50000, true)).is_none(), "a bad ICRC stays as it was");
         assert!(readdress(&frame(ROCE_PORT, false)).is_none(), "already on 4791");
         assert!(readdress(&f[..30]).is_none());
