@@ -76,6 +76,20 @@ pub struct QpStats {
     pub counters: QpCounters,
 }
 
+impl QpStats {
+    /// The row of `qp` (device, number, type and state from the QP) with these counters.
+    pub fn of(qp: &crate::qp::QpInner, transport: &str, counters: QpCounters) -> QpStats {
+        QpStats {
+            device: qp.pd.context().device().name.clone(),
+            transport: transport.into(),
+            qpn: qp.qpn,
+            qp_type: format!("{:?}", qp.qp_type).to_uppercase(),
+            state: qp.state().to_string(),
+            counters,
+        }
+    }
+}
+
 /// What one process answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessStats {

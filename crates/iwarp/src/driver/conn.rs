@@ -162,15 +162,11 @@ impl softrdma_verbs::stats::CounterSource for TcpConn {
         let Phase::Established { engine } = &st.phase else {
             return None;
         };
-        let qp = engine.qp();
-        Some(softrdma_verbs::stats::QpStats {
-            device: qp.pd.context().device().name.clone(),
-            transport: "iwarp".into(),
-            qpn: qp.qpn,
-            qp_type: format!("{:?}", qp.qp_type).to_uppercase(),
-            state: qp.state().to_string(),
-            counters: engine.stats.counters(),
-        })
+        Some(softrdma_verbs::stats::QpStats::of(
+            engine.qp(),
+            "iwarp",
+            engine.stats.counters(),
+        ))
     }
 }
 

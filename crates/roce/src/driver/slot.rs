@@ -449,14 +449,7 @@ impl softrdma_verbs::stats::CounterSource for Slot {
         };
         counters.tx_bytes = self.tx_bytes.load(Ordering::Relaxed);
         counters.rx_bytes = self.rx_bytes.load(Ordering::Relaxed);
-        Some(QpStats {
-            device: qp.pd.context().device().name.clone(),
-            transport: "roce".into(),
-            qpn: self.qpn,
-            qp_type: format!("{:?}", qp.qp_type).to_uppercase(),
-            state: qp.state().to_string(),
-            counters,
-        })
+        Some(QpStats::of(&qp, "roce", counters))
     }
 }
 
