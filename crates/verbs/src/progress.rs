@@ -153,23 +153,25 @@ impl Reactor {
 
     /// Registers a source without an fd (timers and kicks only).
     pub fn add(&self, source: Arc<dyn Source>) -> Token {
+        self.insert(source, None)
+    }
+
+    /// A new token for `source` (and its `fd`, under the same lock, so a fork never sees
+    /// the source without its fd).
+    fn insert(&self, source: Arc<dyn Source>, fd: Option<RawFd>) -> Token {
         let mut st = self.lock();
         let t = st.next;
         st.next += 1;
         st.sources.insert(t, source);
+        if let Some(fd) = fd {
+            st.fds.insert(t, fd);
+        }
         t
     }
 
     /// Registers `fd` with the given interest.
     pub fn register(&self, fd: RawFd, interest: Interest, source: Arc<dyn Source>) -> std::io::Result<Token> {
-        let token = {
-            let mut st = self.lock();
-            let t = st.next;
-            st.next += 1;
-            st.sources.insert(t, source);
-            st.fds.insert(t, fd);
-            t
-        };
+        let token = self.insert(source, Some(fd));
         let mut ev = libc::epoll_event {
             events: epoll_events(interest),
             u64: token,
