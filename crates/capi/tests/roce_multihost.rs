@@ -846,20 +846,7 @@ mod child {
             let ctx = Context::open(&info).unwrap();
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(4096, None).unwrap();
-            let init = QpInitAttr {
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 256,
-                    max_recv_wr: 64,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-            };
+            let init = QpInitAttr::rc(&cq, 256, 64);
             let qp = create_qp(&pd, init).unwrap_or_else(|e| fail(format!("create_qp on {dev}: {e}")));
             let a = QpAttr {
                 qp_state: Some(QpState::Init),

@@ -15,7 +15,7 @@
 use crate::soak::{fd_count, generate, next_event, raise_nofile, reactor_sources, rss_kib, Rng};
 use clap::Args;
 use softrdma_cm::{CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma_verbs::{Access, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, SendWr, WcOpcode, WcStatus};
+use softrdma_verbs::{Access, Cq, Mr, Pd, Qp, QpInitAttr, SendWr, WcOpcode, WcStatus};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,20 +103,7 @@ fn touch(mr: &Mr) -> softrdma_verbs::Result<()> {
 }
 
 fn qp_init(cq: &Cq) -> QpInitAttr {
-    QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 2,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    }
+    QpInitAttr::rc(cq, 4, 2)
 }
 
 // ---------------------------------------------------------------------------------------------

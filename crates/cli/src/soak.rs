@@ -24,9 +24,7 @@
 
 use clap::{Args, ValueEnum};
 use softrdma_cm::{CmEvent, CmId, CmOption, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma_verbs::{
-    Access, CompChannel, Cq, Mr, Pd, QpCap, QpInitAttr, QpType, SendWr, WcOpcode, WcStatus, WorkCompletion,
-};
+use softrdma_verbs::{Access, CompChannel, Cq, Mr, Pd, QpInitAttr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -755,7 +753,8 @@ fn open_device_once(dst: SocketAddr) -> Result<String, String> {
     let device = ctx.device().name.clone();
     let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
     let cq = ctx.create_cq(8, None).map_err(e("create_cq"))?;
-    id.create_qp(&pd, qp_init(&cq, 2, 2)).map_err(e("rdma_create_qp"))?;
+    id.create_qp(&pd, QpInitAttr::rc(&cq, 2, 2))
+        .map_err(e("rdma_create_qp"))?;
     id.destroy_qp().map_err(e("rdma_destroy_qp"))?;
     id.destroy().map_err(e("rdma_destroy_id"))?;
     cq.destroy().map_err(e("destroy_cq"))?;
@@ -785,7 +784,8 @@ fn done_request(dst: SocketAddr) -> Result<ServerReport, String> {
         let ctx = id.context().ok_or("no device")?;
         let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
         let cq = ctx.create_cq(4, None).map_err(|e| e.to_string())?;
-        id.create_qp(&pd, qp_init(&cq, 1, 1)).map_err(|e| e.to_string())?;
+        id.create_qp(&pd, QpInitAttr::rc(&cq, 1, 1))
+            .map_err(|e| e.to_string())?;
         let param = ConnParam {
             private_data: hello(HELLO_DONE, 0, 0),
             ..ConnParam::default()
@@ -799,23 +799,6 @@ fn done_request(dst: SocketAddr) -> Result<ServerReport, String> {
     })();
     let _ = id.destroy();
     r
-}
-
-fn qp_init(cq: &Cq, send: u32, recv: u32) -> QpInitAttr {
-    QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: send,
-            max_recv_wr: recv,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    }
 }
 
 struct SlotCfg {
@@ -944,7 +927,7 @@ fn run_connection(
         cq,
         cc,
     };
-    id.create_qp(&conn.pd, qp_init(&conn.cq, 2 * OPS as u32 + 4, 2))
+    id.create_qp(&conn.pd, QpInitAttr::rc(&conn.cq, 2 * OPS as u32 + 4, 2))
         .map_err(e("rdma_create_qp"))?;
     let c = res.insert(conn);
     let param = ConnParam {
@@ -1342,7 +1325,7 @@ fn open_conn(id: &CmId, max: usize, seed: u64, stats: Arc<ServerStats>) -> Resul
         .map_err(e("reg_mr"))?;
     let ack = pd.alloc_mr(HDR, Access::LOCAL_WRITE).map_err(e("reg_mr"))?;
     let qp = id
-        .create_qp(&pd, qp_init(&cq, 4, SERVER_RECVS as u32))
+        .create_qp(&pd, QpInitAttr::rc(&cq, 4, SERVER_RECVS as u32))
         .map_err(e("rdma_create_qp"))?;
     for i in 0..SERVER_RECVS {
         qp.post_recv_one(i as u64, recv.sge(i * max, max as u32))

@@ -14,7 +14,7 @@
 
 use softrdma_cm::{CmEvent, CmId, CmOption, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma_verbs::device::TransportKind;
-use softrdma_verbs::{Access, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, SendWr, WcStatus, WorkCompletion};
+use softrdma_verbs::{Access, Cq, Mr, Pd, Qp, QpInitAttr, SendWr, WcStatus, WorkCompletion};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -55,20 +55,7 @@ fn side(id: &CmId, size: usize) -> Result<Side, BoxError> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16, None)?;
     let mr = pd.alloc_mr(2 * size, Access::LOCAL_WRITE)?;
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = QpInitAttr::rc(&cq, 4, 4);
     let qp = id.create_qp(&pd, init)?;
     Ok(Side { pd, cq, mr, qp, size })
 }

@@ -6,7 +6,7 @@
 //! `cargo run --release -p softrdma-cm --example conn_rate [N]` (default N = 500).
 
 use softrdma_cm::{CmEvent, CmId, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma_verbs::{Cq, Pd, QpCap, QpInitAttr, QpType};
+use softrdma_verbs::{Cq, Pd, QpInitAttr};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -24,20 +24,7 @@ fn qp_for(id: &CmId) -> (Pd, Cq) {
     let ctx = id.context().expect("device");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = QpInitAttr::rc(&cq, 16, 16);
     id.create_qp(&pd, init).unwrap();
     (pd, cq)
 }

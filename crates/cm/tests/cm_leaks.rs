@@ -7,7 +7,7 @@
 
 use softrdma_cm::{CmEvent, CmId, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma_verbs::progress::Reactor;
-use softrdma_verbs::{Access, Cq, Mr, Pd, QpCap, QpInitAttr, QpType, SendWr, WcStatus};
+use softrdma_verbs::{Access, Cq, Mr, Pd, QpInitAttr, SendWr, WcStatus};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -97,20 +97,7 @@ fn side(id: &CmId) -> Side {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
     let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = QpInitAttr::rc(&cq, 4, 4);
     id.create_qp(&pd, init).unwrap();
     Side { pd, cq, mr }
 }

@@ -7,7 +7,7 @@
 
 use softrdma_cm::{CmEvent, CmId, CmOption, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma_verbs::device::{TransportKind, CONFIG_ENV, TRANSPORTS_ENV};
-use softrdma_verbs::{Cq, Errno, Pd, Qp, QpCap, QpInitAttr, QpType};
+use softrdma_verbs::{Cq, Errno, Pd, Qp, QpInitAttr};
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -87,20 +87,7 @@ fn side(id: &CmId) -> Side {
     assert!(ctx.device().name.starts_with("siw_"), "{}", ctx.device().name);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None).unwrap();
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = QpInitAttr::rc(&cq, 4, 4);
     let qp = id.create_qp(&pd, init).unwrap();
     Side { pd, cq, _qp: qp }
 }

@@ -19,9 +19,7 @@ use softrdma_verbs::qp_state::attr_mask::{
     ACCESS_FLAGS, AV, DEST_QPN, MAX_DEST_RD_ATOMIC, MAX_QP_RD_ATOMIC, MIN_RNR_TIMER, PATH_MTU, PKEY_INDEX, PORT,
     RETRY_CNT, RNR_RETRY, RQ_PSN, SQ_PSN, STATE, TIMEOUT,
 };
-use softrdma_verbs::{
-    Access, AhAttr, Cq, Mr, Pd, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, SendWr, WcStatus, WorkCompletion,
-};
+use softrdma_verbs::{Access, AhAttr, Cq, Mr, Pd, Qp, QpAttr, QpInitAttr, QpState, SendWr, WcStatus, WorkCompletion};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -61,20 +59,7 @@ fn open_side(dev: &DeviceInfo, size: usize) -> Result<Side, BoxError> {
     let pd = ctx.alloc_pd()?;
     let cq = ctx.create_cq(16, None)?;
     let mr = pd.alloc_mr(2 * size, Access::LOCAL_WRITE)?;
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = QpInitAttr::rc(&cq, 4, 4);
     let qp = create_qp(&pd, init)?;
     let attr = QpAttr {
         qp_state: Some(QpState::Init),

@@ -946,20 +946,7 @@ fn honest_cm_connection(chs: &EventChannel, addr: SocketAddr) {
         let ctx = id.context().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16, None).unwrap();
-        let init = QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        };
+        let init = QpInitAttr::rc(&cq, 4, 4);
         let qp = id.create_qp(&pd, init).unwrap();
         (pd, cq, qp)
     };

@@ -157,14 +157,7 @@ pub const RESIZE_WAIT: std::time::Duration = std::time::Duration::from_millis(10
 /// let pd = ctx.alloc_pd()?;
 /// let cq = ctx.create_cq(16, None)?;
 /// assert!(cq.poll_one().is_none());
-/// let init = QpInitAttr {
-///     send_cq: cq.clone(),
-///     recv_cq: cq.clone(),
-///     srq: None,
-///     cap: QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-///     qp_type: QpType::Rc,
-///     sq_sig_all: false,
-/// };
+/// let init = QpInitAttr::rc(&cq, 4, 4);
 /// let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
 /// qp.modify(&QpAttr { qp_state: Some(QpState::Init), ..QpAttr::default() }, attr_mask::STATE)?;
 /// let mr = pd.alloc_mr(256, Access::LOCAL_WRITE)?;

@@ -48,6 +48,27 @@ pub struct QpInitAttr {
     pub sq_sig_all: bool,
 }
 
+impl QpInitAttr {
+    /// An RC QP on one CQ for sends and receives, with room for `max_send_wr` sends and
+    /// `max_recv_wr` receives of one SGE each, no inline data, sends signaled per WR.
+    pub fn rc(cq: &Cq, max_send_wr: u32, max_recv_wr: u32) -> QpInitAttr {
+        QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: QpCap {
+                max_send_wr,
+                max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        }
+    }
+}
+
 /// Address vector (`struct ibv_ah_attr`), used by RoCE QPs and AHs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AhAttr {
@@ -429,14 +450,7 @@ impl QpInner {
 /// let ctx = Context::open_by_name("siw_lo")?;
 /// let pd = ctx.alloc_pd()?;
 /// let cq = ctx.create_cq(16, None)?;
-/// let init = QpInitAttr {
-///     send_cq: cq.clone(),
-///     recv_cq: cq.clone(),
-///     srq: None,
-///     cap: QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
-///     qp_type: QpType::Rc,
-///     sq_sig_all: false,
-/// };
+/// let init = QpInitAttr::rc(&cq, 16, 16);
 /// let qp = Qp::new(&pd, init, AttrRules::Iwarp)?;
 /// assert_eq!(qp.state(), QpState::Reset);
 /// qp.modify(&QpAttr { qp_state: Some(QpState::Init), ..QpAttr::default() }, attr_mask::STATE)?;

@@ -6,7 +6,7 @@ use super::proto::RdmaInfo;
 use super::STEP_TIMEOUT;
 use softrdma_cm::{CmEvent, CmId, EventChannel, EventType};
 use softrdma_verbs::{
-    Access, CompChannel, Cq, Errno, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, CompChannel, Cq, Errno, Mr, Pd, Qp, QpInitAttr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::time::{Duration, Instant};
 
@@ -75,20 +75,7 @@ impl Cb {
             .map_err(verr("ibv_create_cq"))?;
         cq.req_notify(false).map_err(verr("ibv_req_notify_cq"))?;
         debug.log(format!("created pd, channel and cq on {}", ctx.device().name));
-        let init = QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: QpCap {
-                max_send_wr: SQ_DEPTH,
-                max_recv_wr: 2,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        };
+        let init = QpInitAttr::rc(&cq, SQ_DEPTH, 2);
         let qp = id.create_qp(&pd, init).map_err(verr("rdma_create_qp"))?;
         debug.log(format!("created qp {}", qp.qpn()));
         let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
