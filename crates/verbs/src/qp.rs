@@ -418,13 +418,8 @@ impl QpInner {
         self.entered_error();
         match driver {
             Some(d) => d.kick_deferred(),
-            None => {
-                let (s, r) = {
-                    let mut c = self.core();
-                    (c.sq.drain(..).collect(), c.rq.drain(..).collect())
-                };
-                self.flush(s, r);
-            }
+            // Already in ERR, so this only drains and flushes.
+            None => self.error_and_flush(),
         }
     }
 
