@@ -6,12 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CRATES: [&str; 7] = [
+const CRATES: [&str; 8] = [
     "softrdma-wire",
     "softrdma-verbs",
     "softrdma-iwarp",
     "softrdma-roce",
     "softrdma-cm",
+    "softrdma-rsocket",
     "softrdma-capi",
     "softrdma-cli",
 ];

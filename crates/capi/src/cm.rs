@@ -24,7 +24,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use libc::{nfds_t, pollfd, sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
+use libc::{sockaddr, sockaddr_in, sockaddr_in6, sockaddr_storage, socklen_t};
 use softrdma_cm::{CmEvent, CmId, CmOption, CmState, ConnParam, EventChannel, EventType, PortSpace};
 use softrdma_verbs::device::{DeviceInfo, TransportKind};
 use softrdma_verbs::QpState;
@@ -137,7 +137,7 @@ pub(crate) fn device_handles(dev: &DeviceInfo) -> CResult<(*mut ibv_context, *mu
 ///
 /// # Safety
 /// `p` is NULL or points to a socket address of the size its family implies.
-unsafe fn sockaddr_from_c(p: *const sockaddr) -> CResult<Option<SocketAddr>> {
+pub(crate) unsafe fn sockaddr_from_c(p: *const sockaddr) -> CResult<Option<SocketAddr>> {
     if p.is_null() {
         return Ok(None);
     }
@@ -1435,17 +1435,5 @@ c_fn! {
     /// `void rdma_destroy_ep(struct rdma_cm_id *)`: the QP, SRQ, their CQs, and the id.
     fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         ret_or(destroy_ep(id), ())
-    }
-
-    /// `int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)`: no rsocket exists yet, so
-    /// every fd is an ordinary one and goes straight to poll(2).
-    fn rpoll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
-        // SAFETY: the caller's array of `nfds` pollfds (C contract).
-        let n = unsafe { libc::poll(fds, nfds, timeout) };
-        if n < 0 {
-            ret_neg1(Err(std::io::Error::last_os_error().into()))
-        } else {
-            n
-        }
     }
 }

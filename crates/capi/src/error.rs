@@ -77,21 +77,6 @@ impl From<std::io::Error> for CError {
     }
 }
 
-/// ENOSYS for an entry point that a later slice implements. Prints
-/// `softrdma: NAME is not implemented yet (ENOSYS)` once per name and process.
-pub(crate) fn not_implemented(name: &'static str) -> CError {
-    static SEEN: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    let first = SEEN.lock().unwrap_or_else(PoisonError::into_inner).insert(name);
-    if first {
-        stderr_line(format_args!("softrdma: {name} is not implemented yet (ENOSYS)"));
-    }
-    CError {
-        errno: libc::ENOSYS,
-        msg: None,
-        loud: false,
-    }
-}
-
 /// Prints `softrdma: FUNC: msg` under `SOFTRDMA_DEBUG` (for a call that succeeds but did
 /// less than asked).
 pub(crate) fn debug_note(msg: &str) {
@@ -120,11 +105,6 @@ pub(crate) fn compat_abi_unsupported(name: &'static str) {
         ));
     }
     set_errno(libc::ENOSYS);
-}
-
-/// [`not_implemented`] for the exported function running on this thread.
-pub(crate) fn not_implemented_here() -> CError {
-    not_implemented(CURRENT.with(Cell::get))
 }
 
 /// NULL and `errno` on failure.
@@ -191,7 +171,7 @@ fn debug_enabled() -> bool {
     *ON.get_or_init(|| softrdma_verbs::settings::DEBUG.is_on())
 }
 
-fn set_errno(errno: c_int) {
+pub(crate) fn set_errno(errno: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, valid for writes
     // for the thread's lifetime.
     unsafe { *libc::__errno_location() = errno };
@@ -347,7 +327,7 @@ mod tests {
         assert_eq!(errno(), libc::ENOENT);
         assert!(ret_ptr::<u8>(Err(CError::unsupported("x"))).is_null());
         assert_eq!(errno(), libc::EOPNOTSUPP);
-        assert_eq!(ret_or(Err(not_implemented("test_fn")), 7u64), 7);
+        assert_eq!(ret_or(Err(CError::new(libc::ENOSYS, "x")), 7u64), 7);
         assert_eq!(errno(), libc::ENOSYS);
         assert_eq!(ret_neg1(Ok(5)), 5);
         assert_eq!(ret_errno(Ok(())), 0);

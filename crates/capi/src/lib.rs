@@ -31,7 +31,7 @@
 //! - `vendor_dv`: the `mlx5dv_*` / `efadv_*` calls perftest uses; `generated_stubs` (from
 //!   `cargo xtask abi`): every other vendor call ("not this device") and the pre-2006 compat
 //!   names.
-//! - `unimplemented_abi`: rsockets, failing with ENOSYS until a later slice implements them.
+//! - `rsocket_abi`: the rsocket calls (`r*`), over the softrdma-rsocket crate.
 //!
 //! Every exported function is declared with [`c_fn!`], which wraps its body in
 //! [`error::guard`] (no panic crosses `extern "C"`) and gives it its real symbol versions
@@ -94,7 +94,7 @@ mod objects_modify;
 mod odp;
 mod qp_ex;
 mod rates;
+mod rsocket_abi;
 mod strings;
 mod sysfs;
-mod unimplemented_abi;
 mod vendor_dv;

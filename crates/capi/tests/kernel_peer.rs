@@ -86,7 +86,24 @@ const MATRIX: &[Case] = &[
     case("roce-ud-pingpong-v6", Transport::Rxe, Wire::Roce),
     case("roce-rping-v6", Transport::Rxe, Wire::RoceCm),
     case("roce-ucmatose-v6", Transport::Rxe, Wire::RoceCm),
+    // rsockets against Linux's own (rdma-core's librdmacm over kernel siw / rxe): rstream and
+    // riostream with every transfer verified (-T v)
+    case("iw-rstream", Transport::Siw, Wire::Iwarp),
+    case("iw-riostream", Transport::Siw, Wire::Iwarp),
+    case("roce-rstream", Transport::Rxe, Wire::RoceCm),
+    case("roce-riostream", Transport::Rxe, Wire::RoceCm),
 ];
+
+/// Matrix cases that run with softrdma as the server only. `iw-rstream` with the kernel as the
+/// server lost the kernel's last bytes in 4 of 10 runs: rstream's server sends last and closes
+/// at once; kernel siw completes a send when it is queued in TCP, so the rsocket close comes
+/// while the tail is still in the server's socket, together with the client's last credit
+/// update (which rdma-core's client sends too: a grant after each consumed half of the ring),
+/// unread because the QP is gone; Linux then resets the connection (RST), and a reset drops
+/// what the socket had not sent yet (in the capture of a failed run the kernel sent 3,224,064
+/// bytes of TCP payload for 3,276,816 bytes of data, then RSTs). The softrdma client reports
+/// ECONNRESET, correctly. riostream, whose server also sends last, passed 5 of 5.
+const SERVER_ONLY: &[&str] = &["iw-rstream"];
 
 /// Under 2 % loss: over 64 MiB each way, every byte checked by the tool (rping -V,
 /// ibv_rc_pingpong -c).
@@ -537,6 +554,9 @@ fn main() {
     for (c, mode) in all {
         for (label, dir) in DIRS {
             if matches!(mode, Mode::Kill | Mode::PeerError) && dir != "k2s" {
+                continue;
+            }
+            if mode == Mode::Matrix && dir == "k2s" && SERVER_ONLY.contains(&c.name) {
                 continue;
             }
             let name = match mode {

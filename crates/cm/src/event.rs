@@ -308,3 +308,10 @@ impl EventChannel {
         out
     }
 }
+
+impl std::os::fd::AsFd for EventChannel {
+    /// The eventfd that is readable while events wait on the channel.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.inner.fd)
+    }
+}

@@ -124,3 +124,10 @@ impl CompChannel {
         }
     }
 }
+
+impl std::os::fd::AsFd for CompChannel {
+    /// The eventfd that becomes readable when an armed CQ of this channel gets a completion.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.inner.fd)
+    }
+}

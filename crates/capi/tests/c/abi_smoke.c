@@ -3,7 +3,7 @@
  * macros of <infiniband/verbs.h> (extended verbs_context path, ops table), the exported compat
  * calls, the verbs objects (PD, MR, completion channel, CQ, QP, SRQ) and their error
  * conventions, CM ids without a connection (bind, options, rdma_create_qp), rdma_getaddrinfo,
- * rpoll, and the failure conventions of the entry points that are not implemented yet.
+ * rpoll, and the error conventions of rsockets that are not connected.
  *
  * Built by tests/dropin.rs: cc -o abi_smoke abi_smoke.c <dropin>/libibverbs.so.1
  * Prints one line per check; exits 0 only if every check passed.
@@ -36,6 +36,62 @@ int efadv_query_device(struct ibv_context *ibvctx, void *attr, uint32_t inlen);
 static int compat_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
 static void verbs_objects(struct ibv_context *ctx);
 static void cm_objects(void);
+
+/* rsockets: what rdma-core's rsocket refuses, and calls on a socket that is not connected. */
+static void rsocket_bad_input(void)
+{
+	char buf[8];
+	socklen_t len;
+	int v, s;
+	struct pollfd p;
+
+	errno = 0;
+	CHECK(rsocket(AF_UNIX, SOCK_STREAM, 0) == -1 && errno == EOPNOTSUPP, "rsocket(AF_UNIX): -1/EOPNOTSUPP");
+	errno = 0;
+	CHECK(rsocket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) == -1 && errno == EOPNOTSUPP,
+	      "rsocket(SOCK_CLOEXEC): -1/EOPNOTSUPP (type flags, as rdma-core)");
+	errno = 0;
+	CHECK(rfcntl(3, F_SETFL, 0) == -1 && errno == EBADF, "rfcntl (variadic) on a non-rsocket: -1/EBADF");
+	errno = 0;
+	CHECK(rrecv(12345, buf, 1, 0) == -1 && errno == EBADF, "rrecv on a non-rsocket: -1/EBADF");
+
+	s = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(s >= 0, "rsocket(AF_INET, SOCK_STREAM)");
+	if (s < 0)
+		return;
+	CHECK(rfcntl(s, F_GETFL) == O_RDWR, "rfcntl F_GETFL");
+	CHECK(rfcntl(s, F_SETFL, O_NONBLOCK) == 0 && (rfcntl(s, F_GETFL) & O_NONBLOCK), "rfcntl F_SETFL O_NONBLOCK");
+	errno = 0;
+	CHECK(rfcntl(s, F_DUPFD, 0) == -1 && errno == EOPNOTSUPP, "rfcntl F_DUPFD: -1/EOPNOTSUPP");
+	errno = 0;
+	CHECK(rrecv(s, buf, sizeof(buf), 0) == -1 && errno == ENOTCONN, "rrecv before connect: -1/ENOTCONN");
+	errno = 0;
+	CHECK(rsend(s, buf, sizeof(buf), 0) == -1 && errno == ENOTCONN, "rsend before connect: -1/ENOTCONN");
+	errno = 0;
+	CHECK(rsend(s, NULL, 5, 0) == -1 && errno == EFAULT, "rsend(NULL, 5): -1/EFAULT");
+	errno = 0;
+	CHECK(rlisten(s, 1) == -1 && errno == EINVAL, "rlisten before rbind: -1/EINVAL");
+	errno = 0;
+	len = sizeof(buf);
+	CHECK(rgetpeername(s, (struct sockaddr *)buf, &len) == -1 && errno == ENOTCONN, "rgetpeername: -1/ENOTCONN");
+	v = 1;
+	errno = 0;
+	CHECK(rsetsockopt(s, SOL_SOCKET, SO_BROADCAST, &v, sizeof(v)) == -1 && errno == ENOPROTOOPT,
+	      "rsetsockopt(SO_BROADCAST): -1/ENOPROTOOPT");
+	errno = 0;
+	CHECK(rsetsockopt(s, SOL_SOCKET, SO_RCVBUF, &v, 2) == -1 && errno == EINVAL, "rsetsockopt with optlen 2: -1/EINVAL");
+	len = sizeof(v);
+	CHECK(rgetsockopt(s, SOL_SOCKET, SO_ERROR, &v, &len) == 0 && v == 0 && len == sizeof(v), "rgetsockopt(SO_ERROR) = 0");
+	errno = 0;
+	CHECK(riowrite(s, buf, 4, 0, 0) == (size_t)-1 && errno == ENOTCONN, "riowrite before connect: -1/ENOTCONN");
+	p.fd = s;
+	p.events = POLLIN | POLLOUT;
+	p.revents = 0;
+	CHECK(rpoll(&p, 1, 0) == 1 && (p.revents & POLLOUT), "rpoll on a new rsocket: POLLOUT");
+	CHECK(rclose(s) == 0, "rclose");
+	errno = 0;
+	CHECK(rclose(s) == -1 && errno == EBADF, "rclose twice: -1/EBADF");
+}
 
 int main(void)
 {
@@ -137,11 +193,7 @@ int main(void)
 	verbs_objects(ctx);
 	cm_objects();
 
-	/* Not implemented yet: documented failure values with ENOSYS. */
-	errno = 0;
-	CHECK(rsocket(AF_INET, SOCK_STREAM, 0) == -1 && errno == ENOSYS, "rsocket: -1/ENOSYS");
-	errno = 0;
-	CHECK(rfcntl(3, F_SETFL, 0) == -1 && errno == ENOSYS, "rfcntl (variadic): -1/ENOSYS");
+	rsocket_bad_input();
 
 	/* Not an mlx5/EFA device: EOPNOTSUPP, as the real providers answer. */
 	errno = 0;
