@@ -728,6 +728,58 @@ mod tests {
     }
 
     #[test]
+    fn a_used_up_half_is_not_taken_again_from_the_target_buffer() {
+        // rcopy once found this: the target buffer still held the descriptor of a half the
+        // sender had filled, and a credits-only message made the sender take it again,
+        // overwriting data the receiver had not read. Chunk::used_up says which entry to clear.
+        let (mut a, _b) = pair(false);
+        let mut olen = MAX_TRANSFER;
+        // the receiver granted the second half into entry 1 at once
+        let mut target = [
+            RsSge::default(),
+            RsSge {
+                addr: 0x20_0000 + (1 << 16),
+                key: 5,
+                length: 1 << 16,
+            },
+        ];
+        assert_eq!(a.on_recv(Msg::new(Op::Sgl, 400)), Arrival::Credits);
+        a.refresh_target(target);
+        let first = a.next_chunk(1 << 16, &mut olen).expect("the first half");
+        assert_eq!(first.used_up, Some(0));
+        let second = a.next_chunk(1 << 16, &mut olen).expect("the second half");
+        assert_eq!(second.used_up, Some(1));
+        let stale = target;
+        for used in [first.used_up, second.used_up].into_iter().flatten() {
+            target[used] = RsSge::default();
+        }
+        // the receiver frees the first half and grants it again, into entry 0
+        target[0] = RsSge {
+            addr: 0x20_0000,
+            key: 5,
+            length: 1 << 16,
+        };
+        for p in first.posts.iter().chain(&second.posts) {
+            a.on_send_done(p.wr_id); // the send buffer is free again
+        }
+        assert_eq!(a.on_recv(Msg::new(Op::Sgl, 800)), Arrival::Credits);
+        a.refresh_target(target);
+        let third = a.next_chunk(1 << 16, &mut olen).expect("the first half again");
+        assert_eq!(third.used_up, Some(0));
+        target[0] = RsSge::default();
+        for p in &third.posts {
+            a.on_send_done(p.wr_id);
+        }
+        // a grant of credits alone (no new half): nothing to write into
+        assert_eq!(a.on_recv(Msg::new(Op::Sgl, 1200)), Arrival::Credits);
+        a.refresh_target(target);
+        assert!(!a.can_send(), "both halves are full until the receiver frees one");
+        // had entry 1 not been cleared, its old descriptor would be taken again
+        a.refresh_target([target[0], stale[1]]);
+        assert!(a.can_send());
+    }
+
+    #[test]
     fn shutdown_and_disconnect_messages() {
         let (mut a, mut b) = pair(true);
         let posts = a.ctrl_posts(ctrl::SHUTDOWN).expect("a control slot");
