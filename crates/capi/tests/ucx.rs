@@ -7,8 +7,8 @@
 //! Between two hosts (network namespaces joined by veth, 198.18.0.0/15; root only): UCT
 //! `rc_verbs` puts and active messages, UCT `ud_verbs` active messages and UCP tag matching
 //! at 8 B, 4 KiB and 1 MiB (each where UCX has the operation at that size); UCP over a
-//! sockaddr connection made by UCX's rdmacm connection manager (`tests/c/ucx_sockaddr.c`,
-//! which checks every byte both ways); devices with `loopback = false` under the rdmacm
+//! sockaddr connection made by UCX's rdmacm connection manager (`tests/c/ucx_sockaddr.c`:
+//! tag messages checked byte by byte both ways, a 1 MiB put and a 4,099-byte get checked); devices with `loopback = false` under the rdmacm
 //! connection manager; and 100 init/cleanup cycles of UCX and of libfabric in one process
 //! with no fd or thread left behind (`tests/c/ucx_cycles.c`, `tests/c/fi_cycles.c`).
 
@@ -368,6 +368,16 @@ fn sockaddr_session(h: &Hosts, server_ns: &str, server_cfg: &Path, client_ns: &s
         );
         let log = format!("{}{}", r.stdout, r.stderr);
         assert!(log.contains("lane[0]: cm rdmacm"), "no rdmacm CM lane\n{}", ctx());
+    }
+    let passed = |r: &Run, what: &str| r.stdout.lines().any(|l| l.starts_with("ok   ") && l.contains(what));
+    for (r, what) in [
+        (&client, "1048576 B x 5: every byte echoed checked"),
+        (&server, "1048576 B x 5: every byte received checked"),
+        (&client, "ucp_put_nbx of 1 MiB"),
+        (&client, "ucp_get_nbx of 4099 bytes at an odd offset"),
+        (&server, "every byte of the 1 MiB put arrived"),
+    ] {
+        assert!(passed(r, what), "no passing check {what:?}\n{}", ctx());
     }
     let slog = format!("{}{}", server.stdout, server.stderr);
     assert!(

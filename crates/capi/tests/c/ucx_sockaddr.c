@@ -10,7 +10,11 @@
  *
  * Then tag-matched messages of 8 B, 4 KiB, 64 KiB and 1 MiB, ITERS of each: the client sends
  * a pattern, the server checks every byte and answers with another pattern, which the client
- * checks. Every wait is bounded (20 s); the output ends with check.h's summary line.
+ * checks. Then one-sided: the server maps a window (ucp_mem_map) and sends its address and
+ * packed rkey; the client puts 1 MiB into it (ucp_put_nbx, then ucp_ep_flush_nbx) and gets
+ * 4,099 bytes the server wrote at an odd offset (ucp_get_nbx), checking them; the server checks
+ * every byte the put left once the client says it is done. Every wait is bounded (20 s); the
+ * output ends with check.h's summary line.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -25,6 +29,11 @@
 
 #define ITERS 5
 #define BOUND_SECONDS 20
+#define PUT_SIZE (1 << 20)
+#define GET_OFFSET (PUT_SIZE + 3)
+#define GET_SIZE 4099
+#define TAG_RKEY 0xAA0000000000ull
+#define TAG_DONE 0xAB0000000000ull
 
 static const size_t sizes[] = {8, 4096, 65536, 1 << 20};
 
@@ -103,6 +112,81 @@ static size_t mismatches(const unsigned char *buf, size_t size, int iter, int di
 	return bad;
 }
 
+/* The one-sided part (see the top); `ctx` maps the server's window. */
+static void rma(ucp_context_h ctx, ucp_ep_h ep, int server)
+{
+	struct {
+		uint64_t addr;
+		uint64_t rkey_len;
+		unsigned char rkey[1000];
+	} msg = {0};
+	ucs_status_t st;
+	if (server) {
+		size_t win_len = GET_OFFSET + GET_SIZE;
+		unsigned char *win = calloc(1, win_len);
+		for (size_t i = 0; i < GET_SIZE; i++)
+			win[GET_OFFSET + i] = pattern(i, GET_SIZE, 0, 2);
+		ucp_mem_map_params_t mp = {
+			.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+			.address = win,
+			.length = win_len,
+		};
+		ucp_mem_h memh;
+		st = ucp_mem_map(ctx, &mp, &memh);
+		CHECK(st == UCS_OK, "ucp_mem_map of %zu bytes: %s", win_len, ucs_status_string(st));
+		if (st != UCS_OK)
+			return;
+		void *rkey_buf;
+		size_t rkey_len;
+		st = ucp_rkey_pack(ctx, memh, &rkey_buf, &rkey_len);
+		CHECK(st == UCS_OK && rkey_len <= sizeof(msg.rkey), "ucp_rkey_pack: %s, %zu bytes",
+		      ucs_status_string(st), rkey_len);
+		if (st == UCS_OK && rkey_len <= sizeof(msg.rkey)) {
+			msg.addr = (uint64_t)(uintptr_t)win;
+			msg.rkey_len = rkey_len;
+			memcpy(msg.rkey, rkey_buf, rkey_len);
+			st = send_msg(ep, &msg, sizeof(msg), TAG_RKEY);
+			CHECK(st == UCS_OK, "window address and rkey sent: %s", ucs_status_string(st));
+			uint64_t done = 0;
+			st = recv_msg(&done, sizeof(done), TAG_DONE);
+			CHECK(st == UCS_OK && done == 1, "the client's put/get are done: %s", ucs_status_string(st));
+			size_t bad = mismatches(win, PUT_SIZE, 0, 3);
+			CHECK(st == UCS_OK && bad == 0, "every byte of the 1 MiB put arrived (%zu wrong)", bad);
+			ucp_rkey_buffer_release(rkey_buf);
+		}
+		ucp_mem_unmap(ctx, memh);
+		free(win);
+		return;
+	}
+	st = recv_msg(&msg, sizeof(msg), TAG_RKEY);
+	CHECK(st == UCS_OK, "window address and rkey received: %s", ucs_status_string(st));
+	if (st != UCS_OK)
+		return;
+	ucp_rkey_h rkey;
+	st = ucp_ep_rkey_unpack(ep, msg.rkey, &rkey);
+	CHECK(st == UCS_OK, "ucp_ep_rkey_unpack: %s", ucs_status_string(st));
+	if (st != UCS_OK)
+		return;
+	unsigned char *local = malloc(PUT_SIZE);
+	for (size_t i = 0; i < PUT_SIZE; i++)
+		local[i] = pattern(i, PUT_SIZE, 0, 3);
+	ucp_request_param_t p = {0};
+	st = wait_request(ucp_put_nbx(ep, local, PUT_SIZE, msg.addr, rkey, &p));
+	if (st == UCS_OK)
+		st = wait_request(ucp_ep_flush_nbx(ep, &p));
+	CHECK(st == UCS_OK, "ucp_put_nbx of 1 MiB and ucp_ep_flush_nbx: %s", ucs_status_string(st));
+	memset(local, 0, GET_SIZE);
+	st = wait_request(ucp_get_nbx(ep, local, GET_SIZE, msg.addr + GET_OFFSET, rkey, &p));
+	size_t bad = mismatches(local, GET_SIZE, 0, 2);
+	CHECK(st == UCS_OK && bad == 0, "ucp_get_nbx of %d bytes at an odd offset: %s, %zu wrong", GET_SIZE,
+	      ucs_status_string(st), bad);
+	ucp_rkey_destroy(rkey);
+	free(local);
+	uint64_t done = 1;
+	st = send_msg(ep, &done, sizeof(done), TAG_DONE);
+	CHECK(st == UCS_OK, "done sent: %s", ucs_status_string(st));
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
@@ -116,7 +200,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG};
+	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_TAG | UCP_FEATURE_RMA};
 	ucp_context_h ctx;
 	ucs_status_t st = ucp_init(&params, NULL, &ctx);
 	CHECK(st == UCS_OK, "ucp_init: %s", ucs_status_string(st));
@@ -205,6 +289,8 @@ int main(int argc, char **argv)
 			break;
 	}
 	free(buf);
+	if (!failures)
+		rma(ctx, ep, server);
 
 	/* Both sides have their last message: the client's reply came, the server's send
 	 * completed. A flushing close; the peer may close at the same moment. */
