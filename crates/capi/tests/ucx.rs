@@ -7,10 +7,11 @@
 //! Between two hosts (network namespaces joined by veth, 198.18.0.0/15; root only): UCT
 //! `rc_verbs` puts and active messages, UCT `ud_verbs` active messages and UCP tag matching
 //! at 8 B, 4 KiB and 1 MiB (each where UCX has the operation at that size); UCP over a
-//! sockaddr connection made by UCX's rdmacm connection manager (`tests/c/ucx_sockaddr.c`:
-//! tag messages checked byte by byte both ways, a 1 MiB put and a 4,099-byte get checked); devices with `loopback = false` under the rdmacm
-//! connection manager; and 100 init/cleanup cycles of UCX and of libfabric in one process
-//! with no fd or thread left behind (`tests/c/ucx_cycles.c`, `tests/c/fi_cycles.c`).
+//! sockaddr connection made by UCX's rdmacm connection manager (`tests/c/ucx_sockaddr.c`: tag
+//! messages checked byte by byte both ways, a 1 MiB put and a 4,099-byte get checked);
+//! devices with `loopback = false` under the rdmacm connection manager. In one host: 100
+//! UCX init/cleanup cycles in one process with no fd or thread left behind
+//! (`tests/c/ucx_cycles.c`; libfabric's are in `libfabric.rs`).
 
 mod common;
 mod multihost;
