@@ -10,6 +10,8 @@
 //!   transports, `-e rdm` over RoCE; not `-e rdm` over iWARP, see the test);
 //! - devices with `loopback = false`: within one host the server fails at once with
 //!   softrdma's reason; between hosts `-e rdm` runs over them.
+//! - 100 cycles of fi_getinfo (verbs), fi_fabric, fi_domain and their closes in one process
+//!   leave no fd or thread behind (`tests/c/fi_cycles.c`, on `rxe_lo`; no root needed).
 //!
 //! Each host's `SOFTRDMA_CONFIG` lists only the device of the transport under test, on its
 //! veth (not on `lo`): libfabric never lists a device on `lo` for MSG endpoints (it skips
