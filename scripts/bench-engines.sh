@@ -9,7 +9,8 @@
 #     1 MiB bandwidth, server in host a, client in host b.
 # Hosts a and b are two network namespaces joined by a veth pair (198.18.251.0/24), each with
 # one RoCE device `rxe_host` on its end (same names on both sides: ucx_perftest's server
-# opens the device name its client sends). Needs root; release build.
+# opens the device name its client sends). MTU=9000 sets the veth's MTU (default 1500, which
+# gives RoCE a 1024-byte path MTU; 9000 gives 4096). Needs root; release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench-engines: needs root (it creates two network namespaces)" >&2; exit 1; }
@@ -33,7 +34,10 @@ ip netns add "$B"
 ip link add "$IF" netns "$A" type veth peer name "$IF" netns "$B"
 ip -n "$A" addr add "$ADDR_A/24" dev "$IF"
 ip -n "$B" addr add "$ADDR_B/24" dev "$IF"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; ip -n "$ns" link set "$IF" up; done
+for ns in "$A" "$B"; do
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set "$IF" mtu "${MTU:-1500}" up
+done
 for _ in $(seq 100); do
   ip -n "$A" link show "$IF" | grep -q LOWER_UP && ip -n "$B" link show "$IF" | grep -q LOWER_UP && break
   sleep 0.05
