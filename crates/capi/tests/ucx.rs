@@ -442,6 +442,24 @@ fn devices_without_loopback_under_ucx() {
         c.describe(),
         s.describe()
     );
+    // A client of the host's own veth address: the device may not loop back (LOOPBACK.md R6),
+    // rdma_cm answers ADDR_ERROR; UCX says "Destination is unreachable", softrdma why.
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "server", &h.addr_a, &p], &env));
+    wait_rdmacm_listening(&mut server, port);
+    let c = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "client", &h.addr_a, &p], &env))
+        .wait(Duration::from_secs(25));
+    let s = server.kill();
+    assert!(
+        c.code == Some(1)
+            && c.stdout.contains("FAILED:")
+            && c.stderr.contains("RDMA_CM_EVENT_ADDR_ERROR")
+            && c.stderr.contains("cannot loop back (loopback disabled by config)"),
+        "a client of the host's own address must fail, saying why\n{}\n--- server\n{}",
+        c.describe(),
+        s.describe()
+    );
     // Between the hosts the same devices serve.
     sockaddr_session(&h, &h.a, &cfg_a, &h.b, &cfg_b, &h.addr_a);
 }
