@@ -2,8 +2,8 @@
 
 /// Tells the integration tests, as cfgs, what this machine lacks: `softrdma_unprivileged` (not
 /// root, or no iproute2: no network namespaces) and `softrdma_no_capture_tools` (no dumpcap,
-/// tshark or nft) and `softrdma_no_consumers` (python3-pyverbs, ucx-utils, openmpi-bin, libopenmpi-dev or
-/// libfabric-bin missing: the programs the drop-in's ABI is checked against). Tests that need them are then reported as ignored with the reason
+/// tshark or nft) and `softrdma_no_consumers` (python3-pyverbs, ucx-utils, libucx-dev, openmpi-bin, libopenmpi-dev,
+/// libfabric-bin or libfabric-dev missing: the programs the drop-in's ABI is checked against). Tests that need them are then reported as ignored with the reason
 /// (`#[cfg_attr(softrdma_unprivileged, ignore = "...")]`). Under `CI` nothing is set: there they
 /// run, and fail if the machine cannot.
 fn test_prerequisites() {
@@ -34,7 +34,8 @@ fn test_prerequisites() {
     let consumers = format!(
         "[ -d /usr/lib/python3/dist-packages/pyverbs ] && [ -e {l}/ucx/libuct_ib.so.0 ] && \
          [ -e {l}/openmpi/lib/openmpi3/mca_btl_openib.so ] && [ -e {l}/openmpi/include/mpi.h ] && \
-         [ -e {l}/libfabric.so.1 ] && command -v fi_pingpong && command -v mpicc"
+         [ -e {l}/libfabric.so.1 ] && command -v fi_pingpong && command -v mpicc && \
+         [ -e /usr/include/ucp/api/ucp.h ] && [ -e /usr/include/rdma/fabric.h ]"
     );
     if !ok(&consumers) {
         println!("cargo::rustc-cfg=softrdma_no_consumers");

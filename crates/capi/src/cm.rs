@@ -1021,6 +1021,19 @@ fn new_child(child: &CmId, listener: &CmId) -> CResult<Option<(*mut rdma_cm_id, 
     Ok(Some((new_c_id(child.clone(), channel, context, ps, qp_type)?, l)))
 }
 
+/// The events that report a failure (their `reason` says why).
+fn is_error_event(e: EventType) -> bool {
+    matches!(
+        e,
+        EventType::AddrError
+            | EventType::RouteError
+            | EventType::ConnectError
+            | EventType::Unreachable
+            | EventType::Rejected
+            | EventType::MulticastError
+    )
+}
+
 fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) -> CResult<c_int> {
     // SAFETY: `channel` is one of this library's (C contract).
     // A clone: the application may destroy the channel while this call blocks (rping's
@@ -1065,6 +1078,12 @@ fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) 
             ev.event as u32
         };
         c.status = ev.status;
+        if is_error_event(ev.event) && !ev.reason.is_empty() {
+            // An asynchronous failure: the call that started it succeeded, so without this
+            // SOFTRDMA_DEBUG would never say why (e.g. UCX only reports "Destination is
+            // unreachable" for an ADDR_ERROR).
+            crate::error::debug_note(&format!("{} (status {}): {}", ev.event.as_str(), ev.status, ev.reason));
+        }
         let private_data = ev.param.private_data.clone();
         let multicast = matches!(ev.event, EventType::MulticastJoin | EventType::MulticastError);
         if let Some(ud) = ev.ud.filter(|_| !multicast) {

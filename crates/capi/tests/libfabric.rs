@@ -10,6 +10,8 @@
 //!   transports, `-e rdm` over RoCE; not `-e rdm` over iWARP, see the test);
 //! - devices with `loopback = false`: within one host the server fails at once with
 //!   softrdma's reason; between hosts `-e rdm` runs over them.
+//! - 100 cycles of fi_getinfo (verbs), fi_fabric, fi_domain and their closes in one process
+//!   leave no fd or thread behind (`tests/c/fi_cycles.c`, on `rxe_lo`; no root needed).
 //!
 //! Each host's `SOFTRDMA_CONFIG` lists only the device of the transport under test, on its
 //! veth (not on `lo`): libfabric never lists a device on `lo` for MSG endpoints (it skips
@@ -24,7 +26,7 @@
 mod common;
 mod multihost;
 
-use common::{dropin_dir, free_port, wait_listening_in_ns, Proc, Run};
+use common::{compile_c_linked, dropin_dir, free_port, wait_listening_in_ns, Proc, Run};
 use multihost::Hosts;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -440,4 +442,42 @@ fn devices_without_loopback_refuse_one_host_and_serve_two() {
     for t in [Transport::Iwarp, Transport::Roce] {
         pingpong(&h, t, "rdm", &h.a, &h.veth_a, &h.b, &h.veth_b, &h.addr_a, false);
     }
+}
+
+#[test]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs libfabric-dev (and the other consumers)")]
+fn init_close_cycles_leave_no_fd_or_thread() {
+    // 1 warm-up + 100 cycles of fi_getinfo (verbs), fi_fabric, fi_domain, closes and
+    // fi_freeinfo in one process (tests/c/fi_cycles.c), on one device rxe_lo (on `lo`:
+    // libfabric gives it a DGRAM domain); no namespaces needed
+    let exe = compile_c_linked("fi_cycles", &["-lfabric".as_ref()]);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("libfabric");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("rxe_lo.toml");
+    std::fs::write(
+        &cfg,
+        "[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n",
+    )
+    .unwrap();
+    let mut c = Command::new(softrdma());
+    c.args(["run", "--"])
+        .arg(&exe)
+        .arg("100")
+        .env("SOFTRDMA_DROPIN_DIR", dropin_dir())
+        .env("SOFTRDMA_CONFIG", &cfg)
+        .env_remove("FI_PROVIDER");
+    let r = Proc::start(&mut c).wait(Duration::from_secs(60));
+    assert!(
+        r.code == Some(0) && r.stdout.contains("PASSED: 0 failure(s)") && r.stdout.contains("rxe_lo-dgram"),
+        "{}",
+        r.describe()
+    );
+    eprintln!(
+        "{}",
+        r.stdout
+            .lines()
+            .filter(|l| l.starts_with("after"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

@@ -3,11 +3,28 @@
 //! looks for. `ucx_info -d` lists `rxe_lo` with `rc_verbs` and `ud_verbs`; `ucx_perftest` runs
 //! between two processes over each: UCT active messages and puts, UCP tag matching. UCX declines
 //! iWARP devices by design. ucx_perftest does not check the data it moves.
+//!
+//! Between two hosts (network namespaces joined by veth, 198.18.0.0/15; root only): UCT
+//! `rc_verbs` puts and active messages, UCT `ud_verbs` active messages and UCP tag matching
+//! at 8 B, 4 KiB and 1 MiB (each where UCX has the operation at that size); UCP over a
+//! sockaddr connection made by UCX's rdmacm connection manager (`tests/c/ucx_sockaddr.c`: tag
+//! messages checked byte by byte both ways, a 1 MiB put and a 4,099-byte get checked);
+//! devices with `loopback = false` under the rdmacm connection manager. In one host: 100
+//! UCX init/cleanup cycles in one process with no fd or thread left behind
+//! (`tests/c/ucx_cycles.c`; libfabric's are in `libfabric.rs`).
 
 mod common;
+mod multihost;
 
-use common::{dropin_dir, free_port, softrdma, wait_listening, Proc, Run, TIMEOUT};
+use common::{
+    compile_c_linked, dropin_dir, free_port, rxe_listening, softrdma, wait_listening, wait_listening_in_ns, Proc, Run,
+    TIMEOUT,
+};
+use multihost::Hosts;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// `softrdma run -- <args>` with the drop-in of this test run and `env`.
 fn run_cmd(args: &[&str], env: &[(&str, &str)]) -> Command {
@@ -116,4 +133,333 @@ fn ucp_tag_matching_over_rc_and_ud() {
             perftest(extra, &env);
         }
     }
+}
+
+/// A `SOFTRDMA_CONFIG` with one device, `rxe_lo` on `lo`.
+fn rxe_lo_config() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ucx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rxe_lo.toml");
+    std::fs::write(
+        &path,
+        "[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n",
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs libucx-dev (and the other consumers)")]
+fn ucx_init_cleanup_cycles_leave_no_fd_or_thread() {
+    // 1 warm-up + 100 cycles of ucp_init, two workers, an endpoint between them over
+    // rc_verbs/ud_verbs on rxe_lo, a checked 4 KiB message, cleanup (tests/c/ucx_cycles.c)
+    let exe = compile_c_linked("ucx_cycles", &["-lucp".as_ref(), "-lucs".as_ref()]);
+    let cfg = rxe_lo_config();
+    let mut c = run_cmd(
+        &[exe.to_str().unwrap(), "100"],
+        &[("UCX_TLS", "rc_verbs,ud_verbs"), ("UCX_NET_DEVICES", "rxe_lo:1")],
+    );
+    c.env("SOFTRDMA_CONFIG", &cfg);
+    let r = Proc::start(&mut c).wait(Duration::from_secs(120));
+    assert!(
+        r.code == Some(0) && r.stdout.contains("PASSED: 0 failure(s)"),
+        "{}",
+        r.describe()
+    );
+    eprintln!(
+        "{}",
+        r.stdout
+            .lines()
+            .filter(|l| l.starts_with("after"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+// ---- between two hosts ----------------------------------------------------------------
+
+/// The multi-host tests run one at a time (two cores: two pairs of polling UCX processes
+/// only starve each other).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The RoCE device of every host: the same name on both, because ucx_perftest's client sends
+/// its parameters, `-d` included, to the server, which opens that device name.
+const HOST_DEV: &str = "rxe_host";
+
+/// A `SOFTRDMA_CONFIG` with one RoCE device [`HOST_DEV`] on `netdev`.
+fn host_config(netdev: &str, loopback: bool) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ucx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{netdev}-{loopback}.toml"));
+    let text = format!(
+        "[[device]]\nname = \"{HOST_DEV}\"\ntransport = \"roce\"\nnetdev = \"{netdev}\"\nloopback = {loopback}\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `softrdma run -- args` in namespace `ns` with the device list `cfg` and `env`.
+fn in_host(h: &Hosts, ns: &str, cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut run_args = vec!["run", "--"];
+    run_args.extend_from_slice(args);
+    let mut c = h.cmd(ns, softrdma(), &run_args);
+    c.env("SOFTRDMA_DROPIN_DIR", dropin_dir())
+        .env("SOFTRDMA_CONFIG", cfg)
+        .env_remove("SOFTRDMA_TRANSPORTS")
+        .envs(env.iter().copied());
+    c
+}
+
+/// ucx_perftest with `args`: server in host a, client in host b; both must exit 0 and the
+/// client print its "Final:" line. Returns that line.
+fn perftest_between(h: &Hosts, args: &[&str], env: &[(&str, &str)]) -> String {
+    let port = free_port();
+    let p = port.to_string();
+    let (cfg_a, cfg_b) = (host_config(&h.veth_a, true), host_config(&h.veth_b, true));
+    let mut sargs = vec!["ucx_perftest", "-p", &p];
+    sargs.extend_from_slice(args);
+    let mut server = Proc::start(&mut in_host(h, &h.a, &cfg_a, &sargs, env));
+    wait_listening_in_ns(&mut server, port);
+    let mut cargs = vec!["ucx_perftest", &h.addr_a, "-p", &p];
+    cargs.extend_from_slice(args);
+    let client = Proc::start(&mut in_host(h, &h.b, &cfg_b, &cargs, env)).wait(TIMEOUT);
+    let server = server.wait_or(TIMEOUT, &client.describe());
+    let fin = client
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("Final:"))
+        .map(str::to_owned);
+    assert!(
+        client.code == Some(0) && server.code == Some(0) && fin.is_some(),
+        "ucx_perftest {args:?} {env:?} between hosts failed\n--- client\n{}\n--- server\n{}",
+        client.describe(),
+        server.describe()
+    );
+    let fin = fin.unwrap();
+    eprintln!("{args:?} {env:?}: {fin} ({:?})", client.elapsed);
+    fin
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn uct_rc_verbs_between_two_hosts() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("u") else { return };
+    let d = ["-d", "rxe_host:1", "-x", "rc_verbs"];
+    // am_bw stops at 4 KiB: rc_verbs active messages go up to the segment size (8 KiB,
+    // "larger than max supported (8255)" beyond); puts of 1 MiB are zcopy.
+    for extra in [
+        &["-t", "put_lat", "-s", "8", "-n", "1000"][..],
+        &["-t", "put_lat", "-s", "4096", "-D", "bcopy", "-n", "200"],
+        &["-t", "put_lat", "-s", "1048576", "-D", "zcopy", "-n", "20"],
+        &["-t", "put_bw", "-s", "8", "-n", "1000"],
+        &["-t", "put_bw", "-s", "4096", "-D", "bcopy", "-n", "200"],
+        &["-t", "put_bw", "-s", "1048576", "-D", "zcopy", "-n", "20"],
+        &["-t", "am_bw", "-s", "8", "-n", "1000"],
+        &["-t", "am_bw", "-s", "4096", "-D", "bcopy", "-n", "200"],
+    ] {
+        perftest_between(&h, &[&d[..], extra].concat(), &[]);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn uct_ud_verbs_between_two_hosts() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("v") else { return };
+    let d = ["-d", "rxe_host:1", "-x", "ud_verbs"];
+    // UD has no puts, and its active messages fit one packet: the veth's MTU (1500) gives a
+    // 1024-byte path MTU, 1016 bytes of message ("larger than max supported (1016)").
+    for extra in [
+        &["-t", "am_lat", "-s", "8", "-n", "1000"][..],
+        &["-t", "am_bw", "-s", "8", "-n", "1000"],
+        &["-t", "am_bw", "-s", "1000", "-D", "bcopy", "-n", "200"],
+    ] {
+        perftest_between(&h, &[&d[..], extra].concat(), &[]);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn ucp_tag_matching_between_two_hosts() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("w") else { return };
+    for tls in ["rc_verbs,ud_verbs", "ud_verbs"] {
+        let env = [("UCX_TLS", tls), ("UCX_NET_DEVICES", "rxe_host:1")];
+        for test in ["tag_lat", "tag_bw"] {
+            for (size, n) in [("8", "1000"), ("4096", "200"), ("1048576", "20")] {
+                perftest_between(&h, &["-t", test, "-s", size, "-n", n], &env);
+            }
+        }
+    }
+}
+
+/// `tests/c/ucx_sockaddr.c`, built once per test binary.
+fn ucx_sockaddr() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| compile_c_linked("ucx_sockaddr", &["-lucp".as_ref(), "-lucs".as_ref()]))
+}
+
+/// UCX's environment for a sockaddr connection through its rdmacm connection manager only.
+const RDMACM_ENV: [(&str, &str); 4] = [
+    ("UCX_SOCKADDR_TLS_PRIORITY", "rdmacm"),
+    ("UCX_TLS", "rc_verbs,ud_verbs"),
+    ("UCX_NET_DEVICES", "rxe_host:1"),
+    ("UCX_LOG_LEVEL", "debug"),
+];
+
+/// Waits (10 s at most) until the process `server` listens with rdma_cm on soft-RoCE TCP
+/// port `port` (RDMA_PS_TCP) in its namespace.
+fn wait_rdmacm_listening(server: &mut Proc, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !rxe_listening(Some(server.pid()), 0x0106, port) {
+        assert!(!server.exited(), "the server exited before listening");
+        assert!(
+            Instant::now() < deadline,
+            "no rdma_cm listener on port {port} after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// ucx_sockaddr server in `server_ns` on `server_addr` and client in `client_ns`: both pass
+/// their checks, and UCX says it used the rdmacm connection manager.
+fn sockaddr_session(h: &Hosts, server_ns: &str, server_cfg: &Path, client_ns: &str, client_cfg: &Path, addr: &str) {
+    let exe = ucx_sockaddr().to_str().unwrap();
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = Proc::start(&mut in_host(
+        h,
+        server_ns,
+        server_cfg,
+        &[exe, "server", addr, &p],
+        &RDMACM_ENV,
+    ));
+    wait_rdmacm_listening(&mut server, port);
+    let client = Proc::start(&mut in_host(
+        h,
+        client_ns,
+        client_cfg,
+        &[exe, "client", addr, &p],
+        &RDMACM_ENV,
+    ))
+    .wait(TIMEOUT);
+    let server = server.wait_or(TIMEOUT, &client.describe());
+    let ctx = || format!("--- client\n{}\n--- server\n{}", client.describe(), server.describe());
+    for r in [&client, &server] {
+        assert!(
+            r.code == Some(0) && r.stdout.contains("PASSED: 0 failure(s)"),
+            "ucx_sockaddr failed\n{}",
+            ctx()
+        );
+        let log = format!("{}{}", r.stdout, r.stderr);
+        assert!(log.contains("lane[0]: cm rdmacm"), "no rdmacm CM lane\n{}", ctx());
+    }
+    let passed = |r: &Run, what: &str| r.stdout.lines().any(|l| l.starts_with("ok   ") && l.contains(what));
+    for (r, what) in [
+        (&client, "1048576 B x 5: every byte echoed checked"),
+        (&server, "1048576 B x 5: every byte received checked"),
+        (&client, "ucp_put_nbx of 1 MiB"),
+        (&client, "ucp_get_nbx of 4099 bytes at an odd offset"),
+        (&server, "every byte of the 1 MiB put arrived"),
+    ] {
+        assert!(passed(r, what), "no passing check {what:?}\n{}", ctx());
+    }
+    let slog = format!("{}{}", server.stdout, server.stderr);
+    assert!(
+        slog.contains("connection request on the rdmacm sockaddr transport"),
+        "the server's request did not come through rdmacm\n{}",
+        ctx()
+    );
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs libucx-dev (and the other consumers)")]
+fn ucp_sockaddr_over_the_rdmacm_connection_manager() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("x") else { return };
+    let (cfg_a, cfg_b) = (host_config(&h.veth_a, true), host_config(&h.veth_b, true));
+    // both in host a (the device's own address), then between the hosts
+    sockaddr_session(&h, &h.a, &cfg_a, &h.a, &cfg_a, &h.addr_a);
+    sockaddr_session(&h, &h.a, &cfg_a, &h.b, &cfg_b, &h.addr_a);
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs libucx-dev (and the other consumers)")]
+fn devices_without_loopback_under_ucx() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("y") else { return };
+    let (cfg_a, cfg_b) = (host_config(&h.veth_a, false), host_config(&h.veth_b, false));
+    let exe = ucx_sockaddr().to_str().unwrap();
+    let mut env = RDMACM_ENV.to_vec();
+    env.push(("SOFTRDMA_DEBUG", "1"));
+    let reason = "no loopback-capable RDMA device (rxe_host: loopback disabled by config)";
+    // A listener on 127.0.0.1: no device may serve it. UCX refuses the listener (it reads
+    // rdma_bind_addr's EADDRNOTAVAIL as "Device is busy"), softrdma says why, nothing crashes.
+    let p = free_port().to_string();
+    let r = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "server", "127.0.0.1", &p], &env))
+        .wait(Duration::from_secs(15));
+    assert!(
+        r.code == Some(1) && r.stdout.contains("FAIL ucp_listener_create") && r.stderr.contains(reason),
+        "a listener on 127.0.0.1 must fail, saying why\n{}",
+        r.describe()
+    );
+    // A client of 127.0.0.1 (a server listening on the veth address, as it may): the
+    // connection fails in bounded time with an error status, softrdma saying why.
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "server", &h.addr_a, &p], &env));
+    wait_rdmacm_listening(&mut server, port);
+    let c = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "client", "127.0.0.1", &p], &env))
+        .wait(Duration::from_secs(25));
+    let s = server.kill();
+    assert!(
+        c.code == Some(1) && c.stdout.contains("FAILED:") && c.stderr.contains(reason),
+        "a client of 127.0.0.1 must fail, saying why\n{}\n--- server\n{}",
+        c.describe(),
+        s.describe()
+    );
+    // A client of the host's own veth address: the device may not loop back (LOOPBACK.md R6),
+    // rdma_cm answers ADDR_ERROR; UCX says "Destination is unreachable", softrdma why.
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "server", &h.addr_a, &p], &env));
+    wait_rdmacm_listening(&mut server, port);
+    let c = Proc::start(&mut in_host(&h, &h.a, &cfg_a, &[exe, "client", &h.addr_a, &p], &env))
+        .wait(Duration::from_secs(25));
+    let s = server.kill();
+    assert!(
+        c.code == Some(1)
+            && c.stdout.contains("FAILED:")
+            && c.stderr.contains("RDMA_CM_EVENT_ADDR_ERROR")
+            && c.stderr.contains("cannot loop back (loopback disabled by config)"),
+        "a client of the host's own address must fail, saying why\n{}\n--- server\n{}",
+        c.describe(),
+        s.describe()
+    );
+    // Between the hosts the same devices serve.
+    sockaddr_session(&h, &h.a, &cfg_a, &h.b, &cfg_b, &h.addr_a);
 }
