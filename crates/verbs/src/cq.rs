@@ -24,6 +24,11 @@ struct CqState {
     entries: VecDeque<WorkCompletion>,
     armed: Armed,
     overflowed: bool,
+    /// QPs destroyed while attached: a completion of theirs that a transport still produces
+    /// (a flush of a WQE it was working on) is dropped, as after `ibv_destroy_qp` in the
+    /// kernel no new completion of the QP appears. Its number leaves the set when a new QP
+    /// with that number attaches.
+    destroyed: std::collections::HashSet<u32>,
 }
 
 /// Shared CQ state.
@@ -61,6 +66,10 @@ impl CqInner {
     pub fn push(self: &Arc<Self>, wc: WorkCompletion) -> bool {
         let notify = {
             let Ok(mut st) = self.state.lock() else { return false };
+            if st.destroyed.contains(&wc.qp_num) {
+                tracing::debug!(cq = self.id, qpn = wc.qp_num, wr_id = wc.wr_id, status = ?wc.status, "completion of a destroyed QP dropped");
+                return true;
+            }
             let capacity = self.capacity.load(Ordering::Relaxed);
             if st.entries.len() >= capacity {
                 tracing::error!(
@@ -116,13 +125,20 @@ impl CqInner {
 
     /// QP `qp` sends completions here (an overrun moves it to ERR).
     pub(crate) fn attach_qp(&self, qp: &Arc<crate::qp::QpInner>) {
+        if let Ok(mut st) = self.state.lock() {
+            st.destroyed.remove(&qp.qpn);
+        }
         if let Ok(mut m) = self.qps.lock() {
             m.insert(qp.qpn, Arc::downgrade(qp));
         }
     }
 
-    /// QP `qpn` is destroyed.
+    /// QP `qpn` is destroyed: from now on no completion of it enters this CQ (under the state
+    /// lock, so a push racing the destroy either lands before it returns or not at all).
     pub(crate) fn detach_qp(&self, qpn: u32) {
+        if let Ok(mut st) = self.state.lock() {
+            st.destroyed.insert(qpn);
+        }
         if let Ok(mut m) = self.qps.lock() {
             m.remove(&qpn);
         }
@@ -194,6 +210,7 @@ impl Cq {
                     entries: VecDeque::with_capacity(cqe.min(4096) as usize),
                     armed: Armed::No,
                     overflowed: false,
+                    destroyed: std::collections::HashSet::new(),
                 }),
                 channel,
                 events_acked: AtomicU32::new(0),
@@ -400,6 +417,18 @@ mod tests {
         };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    }
+
+    #[test]
+    fn no_completion_of_a_destroyed_qp_enters_the_cq() {
+        let cq = Cq::new(4, 16, None, None, None).unwrap();
+        cq.inner().push(wc(1, false)); // QP 1, alive
+        cq.inner().detach_qp(1); // ibv_destroy_qp of QP 1
+        assert!(cq.inner().push(wc(2, false)), "a late flush is no overrun");
+        let mut out = [wc(0, false); 4];
+        assert_eq!(cq.poll(&mut out), 1, "what came before the destroy stays");
+        assert_eq!(out[0].wr_id, 1);
+        assert_eq!(cq.poll(&mut out), 0, "nothing of QP 1 after its destroy");
     }
 
     #[test]
