@@ -25,7 +25,9 @@ RUN apt-get update \
 # /usr/local/bin/softrdma and /usr/local/lib/softrdma/ (libsoftrdma.so and the libibverbs.so.1,
 # librdmacm.so.1, libmlx5.so.1 and libefa.so.1 links to it; the system's libibverbs stays)
 COPY --from=build /usr/local/ /usr/local/
-RUN useradd --create-home --shell /bin/bash rdma
-USER rdma
-WORKDIR /home/rdma
+# Not `rdma`: libibverbs1's postinst creates a system group of that name, so `useradd rdma`
+# would fail ("group rdma exists"; found by scripts/dockerfile-chroot.sh).
+RUN useradd --create-home --shell /bin/bash app
+USER app
+WORKDIR /home/app
 CMD ["softrdma", "run", "--", "ibv_devinfo"]

@@ -6,8 +6,9 @@
 //! Connections go through softrdma-cm (`rdma_connect`, `rdma_accept`, `rdma_disconnect`).
 //!
 //! Per QP slot the client loops: connect, run 1..=`--max-batches` batches, end the connection
-//! (a clean disconnect; or the server disconnects after its last ACK; or, `--abort-pct` of the
-//! time, the client disconnects with a whole batch still in flight), reconnect.
+//! (a clean disconnect; or the server disconnects after its last ACK, the END asking for it
+//! fenced behind the batch's READs; or, `--abort-pct` of the time, the client disconnects with
+//! a whole batch still in flight), reconnect.
 //! A batch is 1..=8 operations, each on its own slot of the server's region:
 //! - SEND: a 32-byte header naming a seed, then the bytes that seed generates; the server
 //!   regenerates them and compares every byte;
@@ -24,7 +25,9 @@
 
 use clap::{Args, ValueEnum};
 use softrdma_cm::{CmEvent, CmId, CmOption, ConnParam, EventChannel, EventType, PortSpace};
-use softrdma_verbs::{Access, CompChannel, Cq, Mr, Pd, QpInitAttr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use softrdma_verbs::{
+    Access, CompChannel, Cq, Mr, Pd, QpInitAttr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -823,6 +826,16 @@ enum End {
     Abort,
 }
 
+/// How a batch's failure report names the connection end it was the last batch of.
+fn end_note(end: Option<End>) -> &'static str {
+    match end {
+        None => "",
+        Some(End::Clean) => " (the last; the client disconnects after it)",
+        Some(End::Server) => " (the last; the server disconnects after its ACK)",
+        Some(End::Abort) => " (the last; the client disconnects with it in flight)",
+    }
+}
+
 fn slot_loop(k: usize, cfg: &SlotCfg, sh: &Shared, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut failures_in_a_row = 0u32;
@@ -1078,10 +1091,16 @@ fn run_batch(
     c.ctl
         .write(OPS * HDR, &header(KIND_END, 0, 0, 0, 0, batch, flags))
         .map_err(|e| e.to_string())?;
-    post(SendWr::send(
-        posted.len() as u64,
-        vec![c.ctl.sge(OPS * HDR, HDR as u32)],
-    ))?;
+    let mut end_wr = SendWr::send(posted.len() as u64, vec![c.ctl.sge(OPS * HDR, HDR as u32)]);
+    if end == Some(End::Server) {
+        // The server moves its QP to ERR as soon as it has this END and sent its ACK: its
+        // READ responses not yet delivered (lost, or still queued) are never sent again, and
+        // the client learns of the disconnect only from the DREQ, whose retry (seconds) comes
+        // after the READ's transport retries (8 ACK timeouts) ran out. Fenced, the END leaves
+        // only once every READ before it has its data, so the server cannot strand one.
+        end_wr.flags = end_wr.flags | SendFlags::FENCE;
+    }
+    post(end_wr)?;
     posted.push(Posted::End);
     let going_down = matches!(end, Some(End::Abort) | Some(End::Server));
     let abort_at = if end == Some(End::Abort) {
@@ -1122,8 +1141,9 @@ fn run_batch(
         if wc.status != WcStatus::Success {
             if healthy {
                 eprintln!(
-                    "soak: QP {} batch {batch}: work request {} ({:?}) failed: {} (vendor_err {:#x})",
+                    "soak: QP {} batch {batch}{}: work request {} ({:?}) failed: {} (vendor_err {:#x})",
                     wc.qp_num,
+                    end_note(end),
                     wc.wr_id,
                     wc.opcode,
                     wc.status.as_str(),

@@ -1,8 +1,9 @@
 //! The files that show softrdma used outside this repository stay consistent with it: the
 //! root `Dockerfile` and the GitHub Actions workflow for downstream projects
-//! (`examples/github-actions/rdma-ci.yml`). Neither is run here (no docker daemon, no GitHub
-//! runner): this checks what they install and run against the README's apt line, the
-//! `cargo xtask` tasks and `softrdma --help`, and that the YAML has the workflow's shape.
+//! (`examples/github-actions/rdma-ci.yml`). This checks what they install and run against the
+//! README's apt line, the `cargo xtask` tasks and `softrdma --help`, and that the YAML has the
+//! workflow's shape. The workflow is not run here (no GitHub runner); the Dockerfile is built
+//! and run without docker by `dockerfile_chroot.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

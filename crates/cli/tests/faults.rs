@@ -383,9 +383,20 @@ fn two_percent_loss_transfer_verified() {
 /// The same over soft-RoCE: go-back-N retransmission (NAK on a PSN gap, the ACK timeout for a
 /// lost tail or ACK) under the same loss. Both sides use ACK timeout 14 (67 ms) instead of
 /// rdma_cm's default 18 (1.07 s), so a lost tail costs 67 ms, as on a tuned fabric.
+///
+/// Found and fixed on the way: the soak END that asks the server to disconnect overtook the
+/// batch's READs, and the server's QP in ERR never replays a lost READ response (now fenced; see
+/// the soak module and the engine test `responder_in_err_never_replays_a_read...`). Still open:
+/// WRs that run out of transport retries in the middle of a connection (READs and SENDs; 1 in
+/// 3 runs at 5 % loss, and 4 in one 2 % run with the machine at load 9). Traced once (5 %
+/// loss, load 8): the server process handled no packet at all for 0.6 s, on both QPs at once,
+/// then the clients' queued re-requests in one burst, each answered correctly; by then both
+/// READs had failed, as 8 ACK timeouts of 67 ms are 0.54 s. What stalls the server's progress
+/// thread that long is not found yet (the engines' retransmission logic did its part).
 #[test]
-#[ignore = "#15/#13: an RDMA READ can exhaust its retries under 2 % loss (transport retry counter exceeded; \
-            seen 1 in 4 runs here and against kernel rxe); run with --ignored"]
+#[ignore = "#15/#13: a WR can exhaust its transport retries under 2 % loss (RETRY_EXC_ERR in the middle of \
+            a connection, more often under load: the peer process stalled 0.6 s > 8 x 67 ms; cause open); \
+            run with --ignored"]
 fn two_percent_loss_transfer_verified_over_roce() {
     let ack = ["--ack-timeout", "14"];
     loss_transfer("lr", "rxe_", &["SOFTRDMA_TRANSPORTS=roce"], &ack);

@@ -436,3 +436,75 @@ fn replayed_read_ends_the_stale_response_stream() {
     assert_eq!(rest.last().unwrap().0, RoceOpcode::RcReadResponseLast);
     assert_eq!(b.engine.stats().read_responses_sent, 5 + npkts as u64 - 2);
 }
+
+/// `softrdma soak`'s "the server disconnects after its ACK" ending, reduced to two engines: A
+/// READs 6 packets (the 2nd response is lost) and SENDs an END; B moves its QP to ERR as soon
+/// as the END is received (the server's `rdma_disconnect`). Returns A's completions.
+fn read_then_end_then_responder_err(fence: bool) -> (Vec<(u64, WcStatus)>, Mr, RcStatsView) {
+    let o = Opts {
+        mtu: 256,
+        timeout: 8, // 1 ms
+        retry_cnt: 3,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = rc_pair(o);
+    let mut sim = Sim::new(NetCfg::default(), 31);
+    let mut seen = 0;
+    sim.filter = Some(Box::new(move |to_b, pkt| {
+        if !to_b && pkt.opcode().is_read_response() {
+            seen += 1;
+            return seen != 2;
+        }
+        true
+    }));
+    let dst = b.mr(64, Access::LOCAL_WRITE);
+    b.qp.post_recv_one(9, dst.sge(0, 64)).unwrap();
+    let len = 256 * 6;
+    let (_remote, sink) = post_whole_read(&a, &b, len, 3);
+    let src = a.mr(32, Access::LOCAL_WRITE);
+    let mut end = SendWr::send(2, vec![src.sge(0, 32)]);
+    if fence {
+        end.flags = end.flags | SendFlags::FENCE;
+    }
+    a.qp.post_send_one(end).unwrap();
+    assert!(
+        sim.run(&mut a, &mut b, SEC, |_, b| b.recv_wcs().len() == 1),
+        "B got the END"
+    );
+    b.modify_to_error(&sim);
+    assert!(
+        sim.run(&mut a, &mut b, 10 * SEC, |a, _| a.send_wcs().len() == 2),
+        "A's WRs completed"
+    );
+    let s = a.engine.stats();
+    (
+        a.send_status(),
+        sink,
+        RcStatsView {
+            timeouts: s.timeouts,
+            implied_naks: s.implied_naks,
+        },
+    )
+}
+
+/// The counters `read_then_end_then_responder_err` reports.
+struct RcStatsView {
+    timeouts: u64,
+    implied_naks: u64,
+}
+
+#[test]
+fn responder_in_err_never_replays_a_read_so_a_later_send_that_ends_the_connection_is_fenced() {
+    // Unfenced: the END overtakes the READ's lost response; B in ERR answers nothing more, and
+    // the READ can only run out of transport retries (what the 2 % loss soak over RoCE hit when
+    // the DREQ that would have flushed it was lost too).
+    let (st, _sink, s) = read_then_end_then_responder_err(false);
+    assert_eq!(st[0], (1, WcStatus::RetryExcErr), "{st:?}");
+    assert_eq!(s.timeouts, 4, "3 retries, then the 4th timeout fails it");
+    // Fenced: the END leaves only after the READ has all its data (the lost response replayed
+    // first), so B's ERR strands nothing.
+    let (st, sink, s) = read_then_end_then_responder_err(true);
+    assert_eq!(st, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(sink.to_vec(), pattern(256 * 6, 3));
+    assert_eq!(s.implied_naks, 1, "the lost response was asked for again at once");
+}
