@@ -12,6 +12,10 @@
 //! devices with `loopback = false` under the rdmacm connection manager. In one host: 100
 //! UCX init/cleanup cycles in one process with no fd or thread left behind
 //! (`tests/c/ucx_cycles.c`; libfabric's are in `libfabric.rs`).
+//!
+//! A peer killed (SIGKILL) mid-transfer, in one host and between two: the survivor of an
+//! endless ucx_perftest must fail, non-zero and saying why, within 60 s (UCT `rc_verbs` and
+//! `ud_verbs`; between hosts also UCP over `rc_verbs,ud_verbs` and over `ud_verbs`).
 
 mod common;
 mod multihost;
@@ -462,4 +466,165 @@ fn devices_without_loopback_under_ucx() {
     );
     // Between the hosts the same devices serve.
     sockaddr_session(&h, &h.a, &cfg_a, &h.b, &cfg_b, &h.addr_a);
+}
+
+// ---- a peer killed mid-transfer ---------------------------------------------------------
+
+/// How long a survivor may take to fail once its peer is dead.
+const KILLED_PEER_BOUND: Duration = Duration::from_secs(60);
+
+/// An endless ucx_perftest (the server started by `server`, the client by `client`, each given
+/// the port; `listening` waits for the server): once the client has moved data for 5 s the
+/// server is killed (SIGKILL), and the client must
+/// then fail, non-zero, within [`KILLED_PEER_BOUND`], printing `error`. Returns how long it
+/// took after the kill.
+fn killed_server(
+    listening: fn(&mut Proc, u16),
+    server: &mut dyn FnMut(&str) -> Command,
+    client: &mut dyn FnMut(&str) -> Command,
+    error: &str,
+) -> Duration {
+    let port = free_port();
+    let p = port.to_string();
+    let mut srv = Proc::start(&mut server(&p));
+    listening(&mut srv, port);
+    let mut cli = Proc::start(&mut client(&p));
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(!cli.exited(), "the client ended before the kill");
+    let killed_at = Instant::now();
+    let s = srv.kill();
+    let c = cli.wait_or(KILLED_PEER_BOUND, &format!("\n--- the killed server\n{}", s.describe()));
+    let took = killed_at.elapsed();
+    let ctx = || format!("--- client\n{}\n--- the killed server\n{}", c.describe(), s.describe());
+    assert!(
+        c.stdout.contains("[thread 0]") && !c.stdout.contains("Final:"),
+        "the client was not mid-transfer at the kill\n{}",
+        ctx()
+    );
+    assert!(c.code != Some(0), "the client succeeded\n{}", ctx());
+    assert!(
+        format!("{}{}", c.stdout, c.stderr).contains(error),
+        "the client did not report {error:?}\n{}",
+        ctx()
+    );
+    assert!(took < KILLED_PEER_BOUND, "the client took {took:?}\n{}", ctx());
+    took
+}
+
+/// An endless transfer (`-n` of 10^9): what each killed-peer test runs.
+const ENDLESS: [&str; 2] = ["-n", "1000000000"];
+
+/// What the survivor reports: rc_verbs sees its send completion fail once the QP's retries
+/// run out (UCX's `UCX_RC_VERBS_TIMEOUT` 1 s, `UCX_RC_VERBS_RETRY_COUNT` 7: about 8 s);
+/// ud_verbs, which has no acknowledgements from the NIC, times its endpoint out itself
+/// (`UCX_UD_VERBS_TIMEOUT`, 30 s by default, 10 s here).
+const RC_DEAD: &str = "send completion with error: transport retry counter exceeded";
+const UD_DEAD: &str = "unhandled timeout error";
+const UD_TIMEOUT: (&str, &str) = ("UCX_UD_VERBS_TIMEOUT", "10s");
+
+#[test]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn a_killed_peer_fails_the_survivor_in_bounded_time() {
+    let _serial = one_at_a_time();
+    for (args, env, error) in [
+        (
+            &[
+                "-d", "rxe_lo:1", "-x", "rc_verbs", "-t", "put_bw", "-s", "4096", "-D", "bcopy",
+            ][..],
+            &[][..],
+            RC_DEAD,
+        ),
+        (
+            &[
+                "-d", "rxe_lo:1", "-x", "ud_verbs", "-t", "am_bw", "-s", "1000", "-D", "bcopy",
+            ],
+            &[UD_TIMEOUT],
+            UD_DEAD,
+        ),
+    ] {
+        let args = [args, &ENDLESS[..]].concat();
+        let took = killed_server(
+            wait_listening,
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", "-p", p];
+                a.extend_from_slice(&args);
+                run_cmd(&a, env)
+            },
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", "127.0.0.1", "-p", p];
+                a.extend_from_slice(&args);
+                run_cmd(&a, env)
+            },
+            error,
+        );
+        eprintln!("{args:?} {env:?}: the client failed {took:?} after the kill");
+    }
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn a_killed_peer_fails_the_survivor_between_two_hosts() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("k") else { return };
+    let (cfg_a, cfg_b) = (host_config(&h.veth_a, true), host_config(&h.veth_b, true));
+    let ucp = [("UCX_TLS", "rc_verbs,ud_verbs"), ("UCX_NET_DEVICES", "rxe_host:1")];
+    let ucp_ud = [("UCX_TLS", "ud_verbs"), ("UCX_NET_DEVICES", "rxe_host:1"), UD_TIMEOUT];
+    for (args, env, error) in [
+        (
+            &[
+                "-d",
+                "rxe_host:1",
+                "-x",
+                "rc_verbs",
+                "-t",
+                "put_bw",
+                "-s",
+                "4096",
+                "-D",
+                "bcopy",
+            ][..],
+            &[][..],
+            RC_DEAD,
+        ),
+        (
+            &[
+                "-d",
+                "rxe_host:1",
+                "-x",
+                "ud_verbs",
+                "-t",
+                "am_bw",
+                "-s",
+                "1000",
+                "-D",
+                "bcopy",
+            ],
+            &[UD_TIMEOUT],
+            UD_DEAD,
+        ),
+        // UCP: tag messages over rc_verbs (wired up through ud_verbs), then over ud_verbs
+        (&["-t", "tag_bw", "-s", "4096"], &ucp[..], RC_DEAD),
+        (&["-t", "tag_bw", "-s", "4096"], &ucp_ud[..], UD_DEAD),
+    ] {
+        let args = [args, &ENDLESS[..]].concat();
+        let took = killed_server(
+            wait_listening_in_ns,
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", "-p", p];
+                a.extend_from_slice(&args);
+                in_host(&h, &h.a, &cfg_a, &a, env)
+            },
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", &h.addr_a, "-p", p];
+                a.extend_from_slice(&args);
+                in_host(&h, &h.b, &cfg_b, &a, env)
+            },
+            error,
+        );
+        eprintln!("{args:?} {env:?}: the client failed {took:?} after the kill");
+    }
 }
