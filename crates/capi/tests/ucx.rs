@@ -15,7 +15,8 @@
 //!
 //! A peer killed (SIGKILL) mid-transfer, in one host and between two: the survivor of an
 //! endless ucx_perftest must fail, non-zero and saying why, within 60 s (UCT `rc_verbs` and
-//! `ud_verbs`; between hosts also UCP over `rc_verbs,ud_verbs` and over `ud_verbs`).
+//! `ud_verbs`; between hosts also UCP over `rc_verbs,ud_verbs` and over `ud_verbs`); a UCP
+//! survivor idle at the kill (`tag_lat`, error handling on) must report the dead endpoint.
 
 mod common;
 mod multihost;
@@ -627,4 +628,69 @@ fn a_killed_peer_fails_the_survivor_between_two_hosts() {
         );
         eprintln!("{args:?} {env:?}: the client failed {took:?} after the kill");
     }
+}
+
+/// The UCX log time (`[1796447617.517742] ...`, seconds since the epoch) of the first line
+/// of `out` containing `what`.
+fn log_time(out: &str, what: &str) -> Option<std::time::SystemTime> {
+    let line = out.lines().find(|l| l.contains(what))?;
+    let stamp = line.strip_prefix('[')?.split(']').next()?;
+    let secs: f64 = stamp.trim().parse().ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(secs))
+}
+
+#[test]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn a_killed_peer_of_an_idle_ucp_endpoint_is_reported() {
+    // UCP tag_lat: the survivor usually waits for a pong with nothing in flight, so no send
+    // of its own can fail. Without error handling it waits for ever (by hand: still waiting
+    // 70 s after the kill; UCX logged the QP's IBV_EVENT_QP_FATAL and nothing more). With it
+    // (`-e`), UCP's keepalive (UCX_KEEPALIVE_INTERVAL, 20 s by default, 5 s here) checks the
+    // endpoint, the check's send runs out of retries and UCP calls the error handler,
+    // "Endpoint timeout": about 8.6 s after the kill here, 48 s in a run with the default
+    // interval. ucx_perftest's handler only logs it and keeps waiting, so the client runs
+    // under `timeout` (65 s, 60 after the kill) and the log line's time is checked. One run
+    // of five with 30 s after the kill saw no error in that time (not understood yet).
+    let _serial = one_at_a_time();
+    let env = [
+        ("UCX_TLS", "rc_verbs,ud_verbs"),
+        ("UCX_NET_DEVICES", "rxe_lo:1"),
+        ("UCX_KEEPALIVE_INTERVAL", "5s"),
+    ];
+    let args = ["-t", "tag_lat", "-s", "8", "-e", "-n", "1000000000"];
+    let port = free_port();
+    let p = port.to_string();
+    let mut sargs = vec!["ucx_perftest", "-p", &p];
+    sargs.extend_from_slice(&args);
+    let mut srv = Proc::start(&mut run_cmd(&sargs, &env));
+    wait_listening(&mut srv, port);
+    let mut cargs = vec!["timeout", "-s", "KILL", "65", "ucx_perftest", "127.0.0.1", "-p", &p];
+    cargs.extend_from_slice(&args);
+    let mut cli = Proc::start(&mut run_cmd(&cargs, &env));
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(!cli.exited(), "the client ended before the kill");
+    let killed_at = std::time::SystemTime::now();
+    let s = srv.kill();
+    let c = cli.wait_or(
+        Duration::from_secs(70),
+        &format!("\n--- the killed server\n{}", s.describe()),
+    );
+    let ctx = || format!("--- client\n{}\n--- the killed server\n{}", c.describe(), s.describe());
+    assert!(
+        c.stdout.contains("[thread 0]") && !c.stdout.contains("Final:"),
+        "the client was not mid-run at the kill\n{}",
+        ctx()
+    );
+    assert_ne!(c.code, Some(0), "the client succeeded\n{}", ctx());
+    let all = format!("{}{}", c.stdout, c.stderr);
+    let at = log_time(&all, "error handler called with status")
+        .unwrap_or_else(|| panic!("the client reported no error\n{}", ctx()));
+    let took = at.duration_since(killed_at).unwrap_or_default();
+    let fatal = log_time(&all, "local work queue catastrophic error").and_then(|t| t.duration_since(killed_at).ok());
+    eprintln!("tag_lat -e: the error handler ran {took:?} after the kill (QP_FATAL after {fatal:?})");
+    assert!(
+        took < KILLED_PEER_BOUND,
+        "the error came {took:?} after the kill\n{}",
+        ctx()
+    );
 }
