@@ -18,7 +18,9 @@
 //! device on its veth. mpirun runs in the first; Open MPI's rsh launcher starts the daemons of
 //! the others through an agent script (`plm_rsh_agent`) that runs them with `ip netns exec`
 //! under `softrdma run`. Every rank's endpoints must be on rc_verbs over its own host's
-//! device. This one needs root (namespaces).
+//! device. The same job with its last rank, alone on the third host, killed (SIGKILL) while
+//! the other three wait for it: mpirun must end within 30 s, naming rank 3 on that host, with
+//! no rank left running. These need root (namespaces).
 //!
 //! Needs openmpi-bin and libopenmpi-dev (mpicc); reported as ignored without the consumers.
 
@@ -392,11 +394,30 @@ fn roce_config(netdev: &str) -> PathBuf {
 )]
 fn mpi_job_of_four_ranks_across_three_hosts() {
     let _serial = one_at_a_time();
+    let Some((r, devs, _, _)) = three_host_job(None) else {
+        return;
+    };
+    check_job(&r, 4, &devs);
+    // 2 ranks on the first host, 1 on each of the others
+    let all = format!("{}{}", r.stdout, r.stderr);
+    for (dev, want) in devs.iter().zip([2, 1, 1]) {
+        let on_dev = ep_cfgs(&all)
+            .values()
+            .filter(|lines| lines.iter().any(|l| l.contains(&format!("tag(rc_verbs/{dev}:1)"))))
+            .count();
+        assert_eq!(on_dev, want, "ranks on {dev}: {on_dev}\n{}", r.describe());
+    }
+}
+
+/// The 4-rank job of mpi_check (with `arg`) across [`ThreeHosts`], 2 + 1 + 1 ranks: what it
+/// printed, the hosts' device names and addresses and how long it took; `None` if namespaces cannot be
+/// created (the test is skipped). The hosts are gone when it returns.
+fn three_host_job(arg: Option<&str>) -> Option<(Run, Vec<String>, Vec<String>, Duration)> {
     let t = match ThreeHosts::new() {
         Ok(t) => t,
         Err(e) => {
             multihost::skip(&format!("cannot create network namespaces ({e}); run as root"));
-            return;
+            return None;
         }
     };
     let exe = mpi_check();
@@ -407,7 +428,7 @@ fn mpi_job_of_four_ranks_across_three_hosts() {
     let host_list = format!("{}:2,{}:1,{}:1", t.addrs[0], t.addrs[1], t.addrs[2]);
     let subnet = format!("{}/24", t.addrs[0]);
     let agent_s = agent.display().to_string();
-    let args = mpirun_args_with(
+    let mut args = mpirun_args_with(
         &exe,
         &[
             "-np",
@@ -429,45 +450,25 @@ fn mpi_job_of_four_ranks_across_three_hosts() {
             "^hwloc",
         ],
     );
+    args.extend(arg.map(str::to_string));
     let mut run_args = vec!["run".to_string(), "--".to_string()];
     run_args.extend(args);
+    let started = std::time::Instant::now();
     let r = job(Command::new("ip")
         .args(["netns", "exec", &t.ns[0]])
         .arg(softrdma())
         .args(&run_args)
         .env("SOFTRDMA_DROPIN_DIR", dropin_dir())
         .env("SOFTRDMA_CONFIG", &hosts[0].2));
+    let took = started.elapsed();
     let _ = std::fs::remove_file(&agent);
     let devs: Vec<String> = t.veths.iter().map(|v| format!("rxe_{v}")).collect();
-    check_job(&r, 4, &devs);
-    // 2 ranks on the first host, 1 on each of the others
-    let all = format!("{}{}", r.stdout, r.stderr);
-    for (dev, want) in devs.iter().zip([2, 1, 1]) {
-        let on_dev = ep_cfgs(&all)
-            .values()
-            .filter(|lines| lines.iter().any(|l| l.contains(&format!("tag(rc_verbs/{dev}:1)"))))
-            .count();
-        assert_eq!(on_dev, want, "ranks on {dev}: {on_dev}\n{}", r.describe());
-    }
+    Some((r, devs, t.addrs.clone(), took))
 }
 
-#[test]
-#[cfg_attr(
-    softrdma_no_consumers,
-    ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
-)]
-fn a_killed_rank_ends_the_job_in_bounded_time() {
-    let _serial = one_at_a_time();
-    let exe = mpi_check();
-    let mut args = mpirun_args(&exe);
-    args.push("kill-rank-1".into());
-    let started = std::time::Instant::now();
-    let r = job(Command::new(softrdma())
-        .arg("run")
-        .arg("--")
-        .args(&args)
-        .env("SOFTRDMA_DROPIN_DIR", dropin_dir()));
-    let took = started.elapsed();
+/// Asserts that a job whose last rank was killed (mpi_check "kill-rank-1") ended in bounded
+/// time with an error naming the killed rank, and that no rank of `exe` is left running.
+fn check_killed_job(r: &Run, took: Duration, exe: &Path) {
     assert!(
         r.stdout.contains("ping-pong of 1048576 bytes") && r.stdout.contains("the last rank dies now"),
         "the job did not get to the kill\n{}",
@@ -487,7 +488,7 @@ fn a_killed_rank_ends_the_job_in_bounded_time() {
         r.describe()
     );
     assert!(!all.contains("received from a dead rank"), "{}", r.describe());
-    // no rank left running
+    // no rank left running (the namespaces share this process's pid namespace)
     let exe_s = exe.display().to_string();
     let left: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()
@@ -497,4 +498,60 @@ fn a_killed_rank_ends_the_job_in_bounded_time() {
         .filter(|p| *p == exe_s)
         .collect();
     assert!(left.is_empty(), "ranks still running: {left:?}");
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(
+    softrdma_no_consumers,
+    ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
+)]
+fn a_killed_remote_rank_ends_the_job_across_three_hosts_in_bounded_time() {
+    let _serial = one_at_a_time();
+    // the last rank, rank 3, is the only one on the third host: it kills itself after the
+    // ping-pong while ranks 0-2 (on the first and second hosts) wait in MPI_Recv for it
+    let Some((r, _, addrs, took)) = three_host_job(Some("kill-rank-1")) else {
+        return;
+    };
+    eprintln!("the job ended {took:?} after it started (code {:?})", r.code);
+    check_killed_job(&r, took, &mpi_check());
+    assert!(
+        r.stdout
+            .lines()
+            .filter(|l| l.contains("the last rank dies now"))
+            .count()
+            == 4,
+        "not every rank got to the kill\n{}",
+        r.describe()
+    );
+    let dead = "process rank 3 with PID";
+    let node = format!("on node {} exited on signal 9", addrs[2]);
+    assert!(
+        r.stderr.contains(dead) && r.stderr.contains(&node),
+        "mpirun did not name rank 3 on the third host\n{}",
+        r.describe()
+    );
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_no_consumers,
+    ignore = "needs openmpi-bin and libopenmpi-dev (and the other consumers)"
+)]
+fn a_killed_rank_ends_the_job_in_bounded_time() {
+    let _serial = one_at_a_time();
+    let exe = mpi_check();
+    let mut args = mpirun_args(&exe);
+    args.push("kill-rank-1".into());
+    let started = std::time::Instant::now();
+    let r = job(Command::new(softrdma())
+        .arg("run")
+        .arg("--")
+        .args(&args)
+        .env("SOFTRDMA_DROPIN_DIR", dropin_dir()));
+    let took = started.elapsed();
+    check_killed_job(&r, took, &exe);
 }

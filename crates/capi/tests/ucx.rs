@@ -12,6 +12,11 @@
 //! devices with `loopback = false` under the rdmacm connection manager. In one host: 100
 //! UCX init/cleanup cycles in one process with no fd or thread left behind
 //! (`tests/c/ucx_cycles.c`; libfabric's are in `libfabric.rs`).
+//!
+//! A peer killed (SIGKILL) mid-transfer, in one host and between two: the survivor of an
+//! endless ucx_perftest must fail, non-zero and saying why, within 60 s (UCT `rc_verbs` and
+//! `ud_verbs`; between hosts also UCP over `rc_verbs,ud_verbs` and over `ud_verbs`); a UCP
+//! survivor idle at the kill (`tag_lat`, error handling on) must report the dead endpoint.
 
 mod common;
 mod multihost;
@@ -462,4 +467,230 @@ fn devices_without_loopback_under_ucx() {
     );
     // Between the hosts the same devices serve.
     sockaddr_session(&h, &h.a, &cfg_a, &h.b, &cfg_b, &h.addr_a);
+}
+
+// ---- a peer killed mid-transfer ---------------------------------------------------------
+
+/// How long a survivor may take to fail once its peer is dead.
+const KILLED_PEER_BOUND: Duration = Duration::from_secs(60);
+
+/// An endless ucx_perftest (the server started by `server`, the client by `client`, each given
+/// the port; `listening` waits for the server): once the client has moved data for 5 s the
+/// server is killed (SIGKILL), and the client must
+/// then fail, non-zero, within [`KILLED_PEER_BOUND`], printing `error`. Returns how long it
+/// took after the kill.
+fn killed_server(
+    listening: fn(&mut Proc, u16),
+    server: &mut dyn FnMut(&str) -> Command,
+    client: &mut dyn FnMut(&str) -> Command,
+    error: &str,
+) -> Duration {
+    let port = free_port();
+    let p = port.to_string();
+    let mut srv = Proc::start(&mut server(&p));
+    listening(&mut srv, port);
+    let mut cli = Proc::start(&mut client(&p));
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(!cli.exited(), "the client ended before the kill");
+    let killed_at = Instant::now();
+    let s = srv.kill();
+    let c = cli.wait_or(KILLED_PEER_BOUND, &format!("\n--- the killed server\n{}", s.describe()));
+    let took = killed_at.elapsed();
+    let ctx = || format!("--- client\n{}\n--- the killed server\n{}", c.describe(), s.describe());
+    assert!(
+        c.stdout.contains("[thread 0]") && !c.stdout.contains("Final:"),
+        "the client was not mid-transfer at the kill\n{}",
+        ctx()
+    );
+    assert!(c.code != Some(0), "the client succeeded\n{}", ctx());
+    assert!(
+        format!("{}{}", c.stdout, c.stderr).contains(error),
+        "the client did not report {error:?}\n{}",
+        ctx()
+    );
+    assert!(took < KILLED_PEER_BOUND, "the client took {took:?}\n{}", ctx());
+    took
+}
+
+/// An endless transfer (`-n` of 10^9): what each killed-peer test runs.
+const ENDLESS: [&str; 2] = ["-n", "1000000000"];
+
+/// What the survivor reports: rc_verbs sees its send completion fail once the QP's retries
+/// run out (UCX's `UCX_RC_VERBS_TIMEOUT` 1 s, `UCX_RC_VERBS_RETRY_COUNT` 7: about 8 s);
+/// ud_verbs, which has no acknowledgements from the NIC, times its endpoint out itself
+/// (`UCX_UD_VERBS_TIMEOUT`, 30 s by default, 10 s here).
+const RC_DEAD: &str = "send completion with error: transport retry counter exceeded";
+const UD_DEAD: &str = "unhandled timeout error";
+const UD_TIMEOUT: (&str, &str) = ("UCX_UD_VERBS_TIMEOUT", "10s");
+
+#[test]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn a_killed_peer_fails_the_survivor_in_bounded_time() {
+    let _serial = one_at_a_time();
+    for (args, env, error) in [
+        (
+            &[
+                "-d", "rxe_lo:1", "-x", "rc_verbs", "-t", "put_bw", "-s", "4096", "-D", "bcopy",
+            ][..],
+            &[][..],
+            RC_DEAD,
+        ),
+        (
+            &[
+                "-d", "rxe_lo:1", "-x", "ud_verbs", "-t", "am_bw", "-s", "1000", "-D", "bcopy",
+            ],
+            &[UD_TIMEOUT],
+            UD_DEAD,
+        ),
+    ] {
+        let args = [args, &ENDLESS[..]].concat();
+        let took = killed_server(
+            wait_listening,
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", "-p", p];
+                a.extend_from_slice(&args);
+                run_cmd(&a, env)
+            },
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", "127.0.0.1", "-p", p];
+                a.extend_from_slice(&args);
+                run_cmd(&a, env)
+            },
+            error,
+        );
+        eprintln!("{args:?} {env:?}: the client failed {took:?} after the kill");
+    }
+}
+
+#[test]
+#[cfg_attr(
+    softrdma_unprivileged,
+    ignore = "needs root and iproute2: it creates network namespaces (CI runs it)"
+)]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn a_killed_peer_fails_the_survivor_between_two_hosts() {
+    let _serial = one_at_a_time();
+    let Some(h) = Hosts::or_skip("k") else { return };
+    let (cfg_a, cfg_b) = (host_config(&h.veth_a, true), host_config(&h.veth_b, true));
+    let ucp = [("UCX_TLS", "rc_verbs,ud_verbs"), ("UCX_NET_DEVICES", "rxe_host:1")];
+    let ucp_ud = [("UCX_TLS", "ud_verbs"), ("UCX_NET_DEVICES", "rxe_host:1"), UD_TIMEOUT];
+    for (args, env, error) in [
+        (
+            &[
+                "-d",
+                "rxe_host:1",
+                "-x",
+                "rc_verbs",
+                "-t",
+                "put_bw",
+                "-s",
+                "4096",
+                "-D",
+                "bcopy",
+            ][..],
+            &[][..],
+            RC_DEAD,
+        ),
+        (
+            &[
+                "-d",
+                "rxe_host:1",
+                "-x",
+                "ud_verbs",
+                "-t",
+                "am_bw",
+                "-s",
+                "1000",
+                "-D",
+                "bcopy",
+            ],
+            &[UD_TIMEOUT],
+            UD_DEAD,
+        ),
+        // UCP: tag messages over rc_verbs (wired up through ud_verbs), then over ud_verbs
+        (&["-t", "tag_bw", "-s", "4096"], &ucp[..], RC_DEAD),
+        (&["-t", "tag_bw", "-s", "4096"], &ucp_ud[..], UD_DEAD),
+    ] {
+        let args = [args, &ENDLESS[..]].concat();
+        let took = killed_server(
+            wait_listening_in_ns,
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", "-p", p];
+                a.extend_from_slice(&args);
+                in_host(&h, &h.a, &cfg_a, &a, env)
+            },
+            &mut |p| {
+                let mut a = vec!["ucx_perftest", &h.addr_a, "-p", p];
+                a.extend_from_slice(&args);
+                in_host(&h, &h.b, &cfg_b, &a, env)
+            },
+            error,
+        );
+        eprintln!("{args:?} {env:?}: the client failed {took:?} after the kill");
+    }
+}
+
+/// The UCX log time (`[1796447617.517742] ...`, seconds since the epoch) of the first line
+/// of `out` containing `what`.
+fn log_time(out: &str, what: &str) -> Option<std::time::SystemTime> {
+    let line = out.lines().find(|l| l.contains(what))?;
+    let stamp = line.strip_prefix('[')?.split(']').next()?;
+    let secs: f64 = stamp.trim().parse().ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(secs))
+}
+
+#[test]
+#[cfg_attr(softrdma_no_consumers, ignore = "needs ucx-utils (and the other consumers)")]
+fn a_killed_peer_of_an_idle_ucp_endpoint_is_reported() {
+    // UCP tag_lat: the survivor usually waits for a pong with nothing in flight, so no send
+    // of its own can fail. Without error handling it waits for ever (by hand: still waiting
+    // 70 s after the kill; UCX logged the QP's IBV_EVENT_QP_FATAL and nothing more). With it
+    // (`-e`), UCP's keepalive (UCX_KEEPALIVE_INTERVAL, 20 s by default, 5 s here) checks the
+    // endpoint, the check's send runs out of retries and UCP calls the error handler,
+    // "Endpoint timeout": about 8.6 s after the kill here, 48 s in a run with the default
+    // interval. ucx_perftest's handler only logs it and keeps waiting, so the client runs
+    // under `timeout` (65 s, 60 after the kill) and the log line's time is checked. One run
+    // of five with 30 s after the kill saw no error in that time (not understood yet).
+    let _serial = one_at_a_time();
+    let env = [
+        ("UCX_TLS", "rc_verbs,ud_verbs"),
+        ("UCX_NET_DEVICES", "rxe_lo:1"),
+        ("UCX_KEEPALIVE_INTERVAL", "5s"),
+    ];
+    let args = ["-t", "tag_lat", "-s", "8", "-e", "-n", "1000000000"];
+    let port = free_port();
+    let p = port.to_string();
+    let mut sargs = vec!["ucx_perftest", "-p", &p];
+    sargs.extend_from_slice(&args);
+    let mut srv = Proc::start(&mut run_cmd(&sargs, &env));
+    wait_listening(&mut srv, port);
+    let mut cargs = vec!["timeout", "-s", "KILL", "65", "ucx_perftest", "127.0.0.1", "-p", &p];
+    cargs.extend_from_slice(&args);
+    let mut cli = Proc::start(&mut run_cmd(&cargs, &env));
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(!cli.exited(), "the client ended before the kill");
+    let killed_at = std::time::SystemTime::now();
+    let s = srv.kill();
+    let c = cli.wait_or(
+        Duration::from_secs(70),
+        &format!("\n--- the killed server\n{}", s.describe()),
+    );
+    let ctx = || format!("--- client\n{}\n--- the killed server\n{}", c.describe(), s.describe());
+    assert!(
+        c.stdout.contains("[thread 0]") && !c.stdout.contains("Final:"),
+        "the client was not mid-run at the kill\n{}",
+        ctx()
+    );
+    assert_ne!(c.code, Some(0), "the client succeeded\n{}", ctx());
+    let all = format!("{}{}", c.stdout, c.stderr);
+    let at = log_time(&all, "error handler called with status")
+        .unwrap_or_else(|| panic!("the client reported no error\n{}", ctx()));
+    let took = at.duration_since(killed_at).unwrap_or_default();
+    let fatal = log_time(&all, "local work queue catastrophic error").and_then(|t| t.duration_since(killed_at).ok());
+    eprintln!("tag_lat -e: the error handler ran {took:?} after the kill (QP_FATAL after {fatal:?})");
+    assert!(
+        took < KILLED_PEER_BOUND,
+        "the error came {took:?} after the kill\n{}",
+        ctx()
+    );
 }
