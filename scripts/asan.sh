@@ -230,7 +230,7 @@ for l in sys.stdin:
       nice -n 10 "$@" "${test_args[@]}") || rc=1
   }
   local leaky_roce=(ibv_rc_pingpong_without_gid_says_what_to_do perftest_without_rdma_cm_over_rxe)
-  local leaky_dropin=(unimplemented_paths_fail_cleanly_in_the_binaries)
+  local leaky_dropin=(refused_paths_fail_cleanly_in_the_binaries)
   capi 1 "$cm"
   capi 1 "$roce" "${leaky_roce[@]/#/--skip=}"
   capi 0 "$roce" --exact "${leaky_roce[@]}"
