@@ -362,12 +362,9 @@ impl Stream {
     /// A direct write (`riowrite`) of up to `left` bytes at `offset` of the peer's mapped
     /// regions; `None` when it cannot go now, [`Unmapped`] when no mapping covers `offset`.
     pub fn next_direct(&mut self, left: usize, offset: u64, olen: &mut u32) -> Result<Option<Chunk>, Unmapped> {
-        let Some(m) = self
-            .iomap
-            .iter()
-            .copied()
-            .find(|m| m.sge.length != 0 && offset >= m.offset && offset < m.offset + u64::from(m.sge.length))
-        else {
+        let Some(m) = self.iomap.iter().copied().find(|m| {
+            m.sge.length != 0 && offset >= m.offset && offset < m.offset.saturating_add(u64::from(m.sge.length))
+        }) else {
             return Err(Unmapped);
         };
         if left == 0 || !self.can_send() {
@@ -382,7 +379,7 @@ impl Stream {
         } else {
             left as u32
         };
-        let room = (m.offset + u64::from(m.sge.length) - offset).min(u64::from(u32::MAX)) as u32;
+        let room = (m.offset.saturating_add(u64::from(m.sge.length)) - offset).min(u64::from(u32::MAX)) as u32;
         xfer = xfer.min(self.sbuf_bytes_avail).min(room);
         let local = if xfer <= self.cfg.sq_inline {
             Local::Caller(xfer)
@@ -777,6 +774,49 @@ mod tests {
         // had entry 1 not been cleared, its old descriptor would be taken again
         a.refresh_target([target[0], stale[1]]);
         assert!(a.can_send());
+    }
+
+    #[test]
+    fn a_hostile_iomap_entry_cannot_overflow_a_direct_write() {
+        let peer = Peer {
+            swap: false,
+            credits: 16,
+            target_sgl: RsSge {
+                addr: 0x1000,
+                key: 1,
+                length: SGL_SIZE,
+            },
+            target_iomap: Some(RsSge {
+                addr: 0x1020,
+                key: 1,
+                length: 1,
+            }),
+            data_buf: RsSge {
+                addr: 0x8000,
+                key: 2,
+                length: 4096,
+            },
+        };
+        let mut a = Stream::new(cfg(false), 0x9000, 3, 0, peer);
+        a.set_iomap(
+            0,
+            RsIomap {
+                offset: u64::MAX - 10,
+                sge: RsSge {
+                    addr: 0x5000,
+                    key: 4,
+                    length: 100,
+                },
+            },
+        );
+        a.set_iomap(7, RsIomap::default()); // an index past the table: ignored
+        let mut olen = OLAP_START;
+        let c = a
+            .next_direct(64, u64::MAX - 5, &mut olen)
+            .expect("mapped")
+            .expect("room");
+        assert_eq!(c.len, 5, "up to the end of the offset space, no further");
+        assert_eq!(a.next_direct(1, 0, &mut olen), Err(Unmapped));
     }
 
     #[test]
