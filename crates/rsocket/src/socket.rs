@@ -322,22 +322,41 @@ impl RSocket {
 
     /// Sends (`rsend`); `dontwait` is MSG_DONTWAIT.
     pub fn send(&self, buf: &[u8], dontwait: bool) -> Result<usize> {
+        self.write_with("rsend", buf, dontwait, |stream, left, _, olen| {
+            Ok(stream.next_chunk(left, olen))
+        })
+    }
+
+    /// The loop of `rsend` and `riowrite`: progress, announce pending mappings, post the
+    /// chunks `next` makes of the rest of `buf` (it gets the bytes left, those done, and the
+    /// send's chunk limit), then return what went, fail, or sleep until more can go. An error
+    /// of `next` after some bytes went returns those bytes.
+    fn write_with(
+        &self,
+        call: &str,
+        buf: &[u8],
+        dontwait: bool,
+        mut next: impl FnMut(&mut crate::flow::Stream, usize, usize, &mut u32) -> Result<Option<crate::flow::Chunk>>,
+    ) -> Result<usize> {
         let mut done = 0usize;
         let mut olen = OLAP_START;
         loop {
             let mut g = self.lock();
             self.progress(&mut g);
-            g.writable_or_err(&self.name(), "rsend")?;
+            g.writable_or_err(&self.name(), call)?;
             if g.state == State::Connected {
                 self.announce_mappings(&mut g)?;
                 let conn = g
                     .conn
                     .as_mut()
-                    .ok_or_else(|| err(libc::ENOTCONN, "rsend: no connection"))?;
+                    .ok_or_else(|| err(libc::ENOTCONN, format!("{call}: no connection")))?;
                 while done < buf.len() {
                     let Some(stream) = conn.stream.as_mut() else { break };
-                    let Some(chunk) = stream.next_chunk(buf.len() - done, &mut olen) else {
-                        break;
+                    let chunk = match next(stream, buf.len() - done, done, &mut olen) {
+                        Ok(Some(chunk)) => chunk,
+                        Ok(None) => break,
+                        Err(_) if done > 0 => return Ok(done),
+                        Err(e) => return Err(e),
                     };
                     let end = done + chunk.len as usize;
                     conn.send_chunk(&chunk, &buf[done..end])?;
@@ -348,11 +367,7 @@ impl RSocket {
                 return Ok(done);
             }
             if dontwait || g.nonblock {
-                return if done > 0 {
-                    Ok(done)
-                } else {
-                    Err(RsError::again("rsend"))
-                };
+                return if done > 0 { Ok(done) } else { Err(RsError::again(call)) };
             }
             self.sleep(g);
         }
@@ -881,53 +896,18 @@ impl RSocket {
 
     /// `riowrite`: writes into the peer's mapped region at `offset`.
     pub fn iowrite(&self, buf: &[u8], offset: u64, dontwait: bool) -> Result<usize> {
-        let mut done = 0usize;
-        let mut olen = OLAP_START;
-        loop {
-            let mut g = self.lock();
-            self.progress(&mut g);
-            g.writable_or_err(&self.name(), "riowrite")?;
-            if g.state == State::Connected {
-                self.announce_mappings(&mut g)?;
-                let conn = g
-                    .conn
-                    .as_mut()
-                    .ok_or_else(|| err(libc::ENOTCONN, "riowrite: no connection"))?;
-                while done < buf.len() {
-                    let Some(stream) = conn.stream.as_mut() else { break };
-                    match stream.next_direct(buf.len() - done, offset + done as u64, &mut olen) {
-                        Ok(Some(chunk)) => {
-                            let end = done + chunk.len as usize;
-                            conn.send_chunk(&chunk, &buf[done..end])?;
-                            done = end;
-                        }
-                        Ok(None) => break,
-                        Err(crate::flow::Unmapped) if done > 0 => return Ok(done),
-                        Err(crate::flow::Unmapped) => {
-                            return Err(err(
-                                libc::EINVAL,
-                                format!(
-                                "riowrite on {}: the peer mapped nothing at offset {} (riomap on the other side first)",
-                                self.name(),
-                                offset + done as u64
-                            ),
-                            ))
-                        }
-                    }
-                }
-            }
-            if done == buf.len() {
-                return Ok(done);
-            }
-            if dontwait || g.nonblock {
-                return if done > 0 {
-                    Ok(done)
-                } else {
-                    Err(RsError::again("riowrite"))
-                };
-            }
-            self.sleep(g);
-        }
+        let name = self.name();
+        self.write_with("riowrite", buf, dontwait, |stream, left, done, olen| {
+            let at = offset + done as u64;
+            stream.next_direct(left, at, olen).map_err(|crate::flow::Unmapped| {
+                err(
+                    libc::EINVAL,
+                    format!(
+                        "riowrite on {name}: the peer mapped nothing at offset {at} (riomap on the other side first)"
+                    ),
+                )
+            })
+        })
     }
 }
 
