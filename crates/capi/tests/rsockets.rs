@@ -11,7 +11,7 @@
 mod common;
 mod multihost;
 
-use common::{binary, compile_c_linked, dropin_dir, free_port, is_listening, rxe_listening, Proc, Run};
+use common::{binary, compile_c_linked, dropin_dir, free_port, is_listening, listening_in, rxe_listening, Proc, Run};
 use multihost::Hosts;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -99,19 +99,7 @@ fn listening(mut server: Proc, t: Transport, port: u16) -> Proc {
     loop {
         let ready = match t {
             Transport::Roce => rxe_listening(Some(pid), PS_TCP, port),
-            Transport::Iwarp => {
-                let want = format!(":{port:04X}");
-                ["tcp", "tcp6"].iter().any(|f| {
-                    std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
-                        .unwrap_or_default()
-                        .lines()
-                        .skip(1)
-                        .any(|l| {
-                            let c: Vec<&str> = l.split_whitespace().collect();
-                            c.len() > 3 && c[1].ends_with(&want) && c[3] == "0A"
-                        })
-                })
-            }
+            Transport::Iwarp => listening_in(&format!("/proc/{pid}/net"), port),
         };
         if ready {
             return server;

@@ -225,13 +225,23 @@ pub fn free_port() -> u16 {
 /// True once some socket listens on TCP `port` (read from /proc/net/tcp{,6}; nothing connects,
 /// so the server under test sees no extra connection).
 pub fn is_listening(port: u16) -> bool {
+    listening_in("/proc/net", port)
+}
+
+/// True if the TCP tables in `net_dir` (`/proc/net`, or `/proc/PID/net` for the namespace of
+/// process PID) show a listener on `port`.
+pub fn listening_in(net_dir: &str, port: u16) -> bool {
     let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            // local_address is column 1, st (state) column 3; 0A = LISTEN.
-            cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-        })
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("{net_dir}/{f}"))
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                // local_address is column 1, st (state) column 3; 0A = LISTEN.
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
     })
 }
 
@@ -265,22 +275,10 @@ impl Proc {
 /// than this process's (before that, `ip` has not switched yet).
 pub fn wait_listening_in_ns(server: &mut Proc, port: u16) {
     let pid = server.child.id();
-    let want = format!(":{port:04X}");
     let mine = std::fs::read_link("/proc/self/ns/net").ok();
     let listening = || {
         let theirs = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok();
-        theirs.is_some() && theirs != mine && {
-            ["tcp", "tcp6"].iter().any(|f| {
-                std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
-                    .unwrap_or_default()
-                    .lines()
-                    .skip(1)
-                    .any(|l| {
-                        let cols: Vec<&str> = l.split_whitespace().collect();
-                        cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
-                    })
-            })
-        }
+        theirs.is_some() && theirs != mine && listening_in(&format!("/proc/{pid}/net"), port)
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while !listening() {
