@@ -18,51 +18,11 @@
 #include <ucp/api/ucp.h>
 
 #include "check.h"
+#include "cycle_leaks.h"
 
 #define SIZE 4096
 #define BOUND_SECONDS 10
 
-/* "fd -> target" lines of the open fds, into buf. */
-static void fd_list(char *buf, size_t len)
-{
-	DIR *d = opendir("/proc/self/fd");
-	size_t used = 0;
-	struct dirent *e;
-	buf[0] = 0;
-	while (d && (e = readdir(d)) != NULL && used + 300 < len) {
-		if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d))
-			continue;
-		char path[300], target[256] = "?";
-		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
-		ssize_t n = readlink(path, target, sizeof(target) - 1);
-		target[n > 0 ? n : 1] = 0;
-		used += (size_t)snprintf(buf + used, len - used, "  %s -> %s\n", e->d_name, target);
-	}
-	if (d)
-		closedir(d);
-}
-
-static char fds_before[16384], fds_after[16384];
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	if (!d)
-		return -1;
-	int n = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL)
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n - (strcmp(dir, "/proc/self/fd") == 0); /* the DIR's own fd */
-}
 
 /* Progresses both workers until `req` completes; its status. */
 static ucs_status_t wait2(ucp_worker_h a, ucp_worker_h b, ucs_status_ptr_t req)
@@ -142,41 +102,11 @@ out_ctx:
 	return bad;
 }
 
-/* The entries of `dir` once they have stayed the same for 200 ms (2 s at most): what a
- * close or a thread exit still under way in the background leaves must not count. */
-static int settled(const char *dir)
-{
-	double deadline = now() + 2;
-	int n = count_entries(dir), same = 0;
-	while (same < 4 && now() < deadline) {
-		usleep(50000);
-		int m = count_entries(dir);
-		same = m == n ? same + 1 : 0;
-		n = m;
-	}
-	return n;
-}
-
 int main(int argc, char **argv)
 {
 	int cycles = argc > 1 ? atoi(argv[1]) : 100;
 	int failed = cycle(0);
 	CHECK(!failed, "warm-up cycle");
-	int fds0 = settled("/proc/self/fd"), tasks0 = settled("/proc/self/task");
-	fd_list(fds_before, sizeof(fds_before));
-	printf("after the warm-up: %d fds, %d threads\n", fds0, tasks0);
-	double t0 = now();
-	int bad = 0;
-	for (int i = 1; i <= cycles; i++)
-		bad += cycle(i);
-	int fds1 = settled("/proc/self/fd"), tasks1 = settled("/proc/self/task");
-	printf("after %d more cycles (%.1f s): %d fds, %d threads\n", cycles, now() - t0, fds1, tasks1);
-	CHECK(bad == 0, "%d cycles moved and checked their data (%d failed)", cycles, bad);
-	if (fds1 != fds0) {
-		fd_list(fds_after, sizeof(fds_after));
-		printf("fds after the warm-up:\n%sfds at the end:\n%s", fds_before, fds_after);
-	}
-	CHECK(fds1 == fds0, "no fd leaked (%d before, %d after)", fds0, fds1);
-	CHECK(tasks1 == tasks0, "no thread leaked (%d before, %d after)", tasks0, tasks1);
+	check_cycles_leak_nothing(cycle, cycles, "moved and checked their data");
 	return check_summary();
 }
