@@ -333,6 +333,7 @@ impl IdInner {
             .name("softrdma-cm-retry".into())
             .spawn(move || {
                 std::thread::sleep(delay);
+                let _round = softrdma_verbs::fork_gate::busy();
                 if let Some(id) = w.upgrade() {
                     id.reconnect(attempt);
                 }

@@ -23,8 +23,10 @@
 //! descriptor the child opened later). The parent's sockets themselves are untouched.
 //!
 //! The handlers are installed on the first use of any per-process value ([`install`]).
-//! `prepare` takes the reactor's lock and the tracked-fd lock (both leaf locks), so the child
-//! finds consistent tables; `parent` releases them; `child` does only async-signal-safe work
+//! `prepare` waits for the helper threads' rounds to end ([`crate::fork_gate`]) and parks the
+//! progress thread between two rounds (so that none holds an allocator lock at the fork, see
+//! `progress::ForkHold`), then takes the reactor's lock and the
+//! tracked-fd lock (both leaf locks), so the child finds consistent tables; `parent` releases them; `child` does only async-signal-safe work
 //! (`open`, `dup3`, `close`, atomics) besides unlocking.
 
 use std::cell::RefCell;
@@ -163,6 +165,7 @@ impl<T: AsRawFd> Drop for CloseInChild<T> {
 
 /// Locks held from `prepare` to `parent`/`child` (on the forking thread).
 struct Held {
+    gate: crate::fork_gate::Closed,
     tracked: MutexGuard<'static, Vec<RawFd>>,
     reactor: Option<crate::progress::ForkHold>,
 }
@@ -173,11 +176,13 @@ thread_local! {
 
 extern "C" fn prepare() {
     let _ = std::panic::catch_unwind(|| {
-        // Order: the reactor first (its lock is a leaf: nothing holding it waits for the
-        // tracked list), then the tracked list.
+        // Order: the helper threads' gate (their rounds may take the other two locks), then
+        // the reactor (its lock is a leaf: nothing holding it waits for the tracked list),
+        // then the tracked list.
+        let gate = crate::fork_gate::close();
         let reactor = crate::progress::ForkHold::take();
         let tracked = tracked();
-        HELD.with(|h| *h.borrow_mut() = Some(Held { tracked, reactor }));
+        HELD.with(|h| *h.borrow_mut() = Some(Held { gate, tracked, reactor }));
     });
 }
 
@@ -191,6 +196,7 @@ extern "C" fn child() {
     let _ = std::panic::catch_unwind(|| {
         let held = HELD.with(|h| h.borrow_mut().take());
         if let Some(mut held) = held {
+            held.gate.forget_rounds();
             let mut fds: Vec<RawFd> = std::mem::take(&mut *held.tracked);
             if let Some(r) = &held.reactor {
                 fds.extend(r.fds());

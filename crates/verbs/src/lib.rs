@@ -14,6 +14,7 @@ pub mod cq;
 pub mod device;
 mod error;
 pub mod fork;
+pub mod fork_gate;
 pub mod logging;
 pub mod memory;
 pub mod mr;

@@ -134,6 +134,7 @@ fn start_thread() {
             .name("softrdma-ports".into())
             .spawn(|| loop {
                 std::thread::sleep(PERIOD);
+                let _round = crate::fork_gate::busy();
                 poll_once();
             });
         if let Err(e) = spawned {

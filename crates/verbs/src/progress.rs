@@ -9,7 +9,7 @@ use crate::fork::PerProcess;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Identifies a registered source.
@@ -55,6 +55,10 @@ struct State {
     sleeping: bool,
     /// The fd of each source registered with one (a forked child replaces them, see `fork`).
     fds: HashMap<Token, RawFd>,
+    /// A thread is about to fork: the progress thread parks between two rounds (see `ForkHold`).
+    fork_pause: bool,
+    /// The progress thread is parked for the fork.
+    parked: bool,
 }
 
 /// The reactor. One per process: [`Reactor::global`].
@@ -62,8 +66,13 @@ pub struct Reactor {
     epfd: OwnedFd,
     waker: OwnedFd,
     state: Mutex<State>,
+    /// Signals `fork_pause` / `parked` changes between the forking and the progress thread.
+    fork_cv: Condvar,
     polling: bool,
 }
+
+/// How long `fork` waits for the progress thread to park before it goes ahead regardless.
+const FORK_PARK_WAIT: Duration = Duration::from_secs(2);
 
 fn epoll_events(i: Interest) -> u32 {
     let mut e = (libc::EPOLLRDHUP | libc::EPOLLERR | libc::EPOLLHUP) as u32;
@@ -136,7 +145,10 @@ impl Reactor {
                 timers: BinaryHeap::new(),
                 sleeping: false,
                 fds: HashMap::new(),
+                fork_pause: false,
+                parked: false,
             }),
+            fork_cv: Condvar::new(),
             polling,
         })
     }
@@ -239,11 +251,26 @@ impl Reactor {
         self.lock().sources.len()
     }
 
+    /// Parks the progress thread while another thread forks (see `ForkHold`): it waits here,
+    /// between two rounds, holding no lock and in no allocator, until the fork is over.
+    fn park_for_fork<'a>(&'a self, mut st: std::sync::MutexGuard<'a, State>) -> std::sync::MutexGuard<'a, State> {
+        st.parked = true;
+        self.fork_cv.notify_all();
+        while st.fork_pause {
+            st = self.fork_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.parked = false;
+        st
+    }
+
     fn run(self: Arc<Self>) {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
         loop {
             let timeout_ms = {
                 let mut st = self.lock();
+                if st.fork_pause {
+                    st = self.park_for_fork(st);
+                }
                 let t = if !st.kicked.is_empty() || self.polling {
                     0
                 } else {
@@ -332,18 +359,40 @@ static REACTOR: PerProcess<std::result::Result<Arc<Reactor>, String>> = PerProce
 
 /// The reactor's lock, held across `fork` by the forking thread (see `fork`): the child then
 /// finds the fd table complete, and replaces those fds.
+///
+/// Before it keeps the lock, `take` parks the progress thread between two rounds. A child
+/// inherits only the forking thread, so a lock that another thread holds at the fork stays
+/// held in the child for good. glibc's malloc takes its own locks around `fork`, but other
+/// allocators do not (AddressSanitizer's in GCC 12, for one): a progress thread caught
+/// inside `malloc` would leave the child's next allocation waiting forever. The wait is
+/// bounded ([`FORK_PARK_WAIT`]); a thread that does not park in time is left running.
 pub(crate) struct ForkHold {
     reactor: &'static Reactor,
-    state: std::sync::MutexGuard<'static, State>,
+    state: Option<std::sync::MutexGuard<'static, State>>,
 }
 
 impl ForkHold {
-    /// Locks this process's reactor, if it has one.
+    /// Parks this process's progress thread and locks its reactor, if it has one.
     pub(crate) fn take() -> Option<ForkHold> {
         let reactor: &'static Reactor = Reactor::existing()?;
+        let mut st = reactor.lock();
+        st.fork_pause = true;
+        reactor.wake();
+        let deadline = Instant::now() + FORK_PARK_WAIT;
+        while !st.parked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = reactor
+                .fork_cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
         Some(ForkHold {
             reactor,
-            state: reactor.lock(),
+            state: Some(st),
         })
     }
 
@@ -351,7 +400,18 @@ impl ForkHold {
     pub(crate) fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
         [self.reactor.epfd.as_raw_fd(), self.reactor.waker.as_raw_fd()]
             .into_iter()
-            .chain(self.state.fds.values().copied())
+            .chain(self.state.iter().flat_map(|st| st.fds.values().copied()))
+    }
+}
+
+impl Drop for ForkHold {
+    /// Lets the progress thread go on (in the parent; a child has none, and never runs it).
+    fn drop(&mut self) {
+        if let Some(mut st) = self.state.take() {
+            st.fork_pause = false;
+            drop(st);
+            self.reactor.fork_cv.notify_all();
+        }
     }
 }
 
@@ -365,3 +425,51 @@ pub fn socket_unacked(fd: RawFd) -> Option<u64> {
 
 /// A short sleep used by blocking helpers that poll.
 pub const POLL_SLICE: Duration = Duration::from_micros(200);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    struct Counter(AtomicU32);
+
+    impl Source for Counter {
+        fn on_event(&self, _token: Token, ev: Event) {
+            if ev.kicked {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn wait_for(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what} within 5 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_fork_hold_parks_the_progress_thread_until_it_is_dropped() {
+        let reactor = Reactor::global().expect("reactor");
+        let counter = Arc::new(Counter(AtomicU32::new(0)));
+        let token = reactor.add(counter.clone());
+        reactor.kick(token);
+        wait_for("the first kick", || counter.0.load(Ordering::SeqCst) == 1);
+
+        let hold = ForkHold::take().expect("this process has a reactor");
+        assert!(
+            hold.state.as_ref().is_some_and(|st| st.parked),
+            "the progress thread parked before the hold was granted"
+        );
+        // A kick from another thread waits for the lock: nothing runs while the hold lasts.
+        let kicker = std::thread::spawn(move || reactor.kick(token));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+        drop(hold);
+        kicker.join().expect("kicker");
+        wait_for("the kick after the hold", || counter.0.load(Ordering::SeqCst) == 2);
+        assert!(!reactor.lock().fork_pause);
+        reactor.deregister(token, None);
+    }
+}

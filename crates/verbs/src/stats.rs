@@ -172,6 +172,7 @@ fn serve(listener: &UnixListener) {
     let me = nix::unistd::getuid();
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
+        let _round = crate::fork_gate::busy();
         if SERVER_PID.load(Ordering::Acquire) != std::process::id() {
             return;
         }

@@ -152,6 +152,7 @@ pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
         .name("softrdma-cm-retry".into())
         .spawn(move || {
             std::thread::sleep(delay);
+            let _round = softrdma_verbs::fork_gate::busy();
             if let Some(id) = w.upgrade() {
                 restart(&CmId::from_inner(id), link_id);
             }

@@ -274,6 +274,7 @@ impl Agent {
                     }
                 }
             };
+            let _round = softrdma_verbs::fork_gate::busy();
             match next {
                 Ok(Work::Mad(peer, mad)) => self.on_mad(peer, &mad[..]),
                 Ok(Work::Abandon(link)) => link.abandon(&self),
