@@ -257,16 +257,20 @@ impl EventChannel {
             let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
             let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
             let wait = match deadline {
-                _ if nonblock => Duration::ZERO,
-                None => Duration::from_secs(1),
-                Some(d) => d.saturating_duration_since(Instant::now()),
+                _ if nonblock => Some(Duration::ZERO),
+                None => None,
+                Some(d) => Some(d.saturating_duration_since(Instant::now())),
             };
-            if wait.is_zero() {
-                return Err(Error::new(Errno::Again, "rdma_get_cm_event: no event pending"));
-            }
-            q = match self.inner.arrived.wait_timeout(q, wait.min(Duration::from_secs(1))) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
+            q = match wait {
+                Some(w) if w.is_zero() => {
+                    return Err(Error::new(Errno::Again, "rdma_get_cm_event: no event pending"));
+                }
+                // Every `push` notifies: a blocked caller sleeps until an event arrives.
+                None => self.inner.arrived.wait(q).unwrap_or_else(|p| p.into_inner()),
+                Some(w) => match self.inner.arrived.wait_timeout(q, w) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                },
             };
         }
     }

@@ -1,16 +1,22 @@
 //! The link state behind each port: one thread per process reads the netdev's
-//! `/sys/class/net/<netdev>/operstate` every [`PERIOD`] for the contexts that watch their
-//! port (those whose async events someone asked for), updates the port state that
-//! `ibv_query_port` reports, and posts `IBV_EVENT_PORT_ERR` when the link goes down and
-//! `IBV_EVENT_PORT_ACTIVE` when it comes back, as the kernel does for rxe and siw.
+//! `/sys/class/net/<netdev>/operstate` for the contexts that watch their port (those whose
+//! async events someone asked for), updates the port state that `ibv_query_port` reports, and
+//! posts `IBV_EVENT_PORT_ERR` when the link goes down and `IBV_EVENT_PORT_ACTIVE` when it
+//! comes back, as the kernel does for rxe and siw.
+//!
+//! The thread sleeps in `recv` on an rtnetlink socket subscribed to link changes
+//! (`RTMGRP_LINK`, open to any user) and reads the links again on each message, so an idle
+//! process never wakes for it. Where no such socket can be had, it reads them every
+//! [`PERIOD`] instead.
 
 use crate::async_event::{AsyncElement, AsyncEventKind, AsyncEvents};
 use crate::device::PortState;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-/// How often the links are read.
+/// How often the links are read when no rtnetlink socket reports their changes.
 pub const PERIOD: Duration = Duration::from_millis(100);
 
 /// A port's live state, shared by its context and the watcher.
@@ -126,21 +132,62 @@ pub fn watch(netdev: &str, port: &Arc<LivePort>, events: &AsyncEvents) {
     if first {
         start_thread();
     }
+    // A change between the port's first reading and its entry in the list came before
+    // anyone looked for it: read the link once more now.
+    poll_once();
 }
 
 fn start_thread() {
     WATCHER.get_or_init(Watcher::new).started.call_once(|| {
-        let spawned = std::thread::Builder::new()
-            .name("softrdma-ports".into())
-            .spawn(|| loop {
-                std::thread::sleep(PERIOD);
-                let _round = crate::fork_gate::busy();
-                poll_once();
-            });
+        let spawned = std::thread::Builder::new().name("softrdma-ports".into()).spawn(run);
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the port watcher: no PORT_ACTIVE/PORT_ERR events");
         }
     });
+}
+
+/// The watcher thread: a round on each link change, or every [`PERIOD`] without rtnetlink.
+fn run() {
+    match link_changes() {
+        Ok(nl) => {
+            // Anything that changed before the subscription started.
+            poll_once();
+            let mut buf = [0u8; 8192];
+            loop {
+                match nix::sys::socket::recv(nl.as_raw_fd(), &mut buf, nix::sys::socket::MsgFlags::empty()) {
+                    // ENOBUFS: messages were lost, the links are read all the same.
+                    Ok(_) | Err(nix::errno::Errno::ENOBUFS) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "port watcher: rtnetlink failed, reading the links every {PERIOD:?}");
+                        break;
+                    }
+                }
+                let _round = crate::fork_gate::busy();
+                poll_once();
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "port watcher: no rtnetlink socket, reading the links every {PERIOD:?}"),
+    }
+    loop {
+        std::thread::sleep(PERIOD);
+        let _round = crate::fork_gate::busy();
+        poll_once();
+    }
+}
+
+/// An rtnetlink socket that receives a message on every link change (`RTMGRP_LINK`). A forked
+/// child does not keep it (its own watcher opens another).
+fn link_changes() -> nix::Result<crate::fork::CloseInChild<std::os::fd::OwnedFd>> {
+    use nix::sys::socket::{bind, socket, AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType};
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkRoute,
+    )?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, libc::RTMGRP_LINK as u32))?;
+    Ok(crate::fork::CloseInChild::new(fd))
 }
 
 /// One round: every watched port's link read once (once per netdev), changes reported.

@@ -247,6 +247,15 @@ impl Reactor {
     }
 
     /// Number of registered sources (for leak checks).
+    /// Withdraws the timer set for `token` at exactly `deadline` (one that is no longer
+    /// wanted, such as a handshake's bound once the connection is up), so that it never wakes
+    /// the progress thread. A source still ignores a timer event it did not expect.
+    pub fn cancel_timer(&self, token: Token, deadline: Instant) {
+        self.lock()
+            .timers
+            .retain(|Reverse((d, t))| !(*t == token && *d == deadline));
+    }
+
     pub fn source_count(&self) -> usize {
         self.lock().sources.len()
     }
@@ -270,6 +279,13 @@ impl Reactor {
                 let mut st = self.lock();
                 if st.fork_pause {
                     st = self.park_for_fork(st);
+                }
+                // The timers of sources that are gone would only wake the thread for nothing.
+                while let Some(Reverse((_, token))) = st.timers.peek() {
+                    if st.sources.contains_key(token) {
+                        break;
+                    }
+                    st.timers.pop();
                 }
                 let t = if !st.kicked.is_empty() || self.polling {
                     0

@@ -260,16 +260,14 @@ impl Agent {
                             q.timers.pop();
                             break Err(id);
                         }
+                        // Until the next timer, or new work (`push` and an earlier `schedule`
+                        // notify): an idle agent never wakes.
                         Some(Reverse((t, _))) => {
-                            let wait = (*t - now).min(Duration::from_secs(1));
+                            let wait = *t - now;
                             q = self.wake.wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0;
                         }
                         None => {
-                            q = self
-                                .wake
-                                .wait_timeout(q, Duration::from_secs(1))
-                                .unwrap_or_else(|p| p.into_inner())
-                                .0;
+                            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
                         }
                     }
                 }

@@ -53,6 +53,18 @@ pub(crate) enum Phase {
     Closed,
 }
 
+impl Phase {
+    /// The bound of a handshake phase.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self {
+            Phase::Connecting { deadline, .. }
+            | Phase::AwaitReply { deadline, .. }
+            | Phase::AwaitRequest { deadline, .. } => Some(*deadline),
+            _ => None,
+        }
+    }
+}
+
 pub(crate) struct ConnState {
     pub(crate) phase: Phase,
     pub(crate) sock: Option<Socket>,
@@ -243,6 +255,14 @@ impl TcpConn {
     pub(crate) fn set_timer(&self, deadline: Instant) {
         if let Some(t) = self.token() {
             self.reactor.set_timer(t, deadline);
+        }
+    }
+
+    /// Withdraws the handshake's bound once the handshake is over (an idle connection must
+    /// not wake the progress thread for it later).
+    pub(crate) fn end_handshake_timer(&self, phase: &Phase) {
+        if let (Some(t), Some(d)) = (self.token(), phase.deadline()) {
+            self.reactor.cancel_timer(t, d);
         }
     }
 
@@ -466,6 +486,7 @@ impl TcpConn {
                 let mut engine = Box::new(Engine::new(qp, cfg));
                 feed(&mut engine, &rest);
                 tracing::debug!(%peer, crc = neg.crc, rtr = ?neg.rtr, ird = neg.ird, ord = neg.ord, "iWARP connection established (active)");
+                self.end_handshake_timer(&st.phase);
                 st.phase = Phase::Established { engine };
                 Self::emit(
                     st,

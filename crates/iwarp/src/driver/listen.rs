@@ -218,6 +218,7 @@ pub(crate) fn on_await_request(conn: &TcpConn, st: &mut ConnState, ev: Event) ->
                 listener: Arc::downgrade(&l),
                 decided: false,
             };
+            conn.end_handshake_timer(&st.phase);
             st.phase = Phase::AwaitAccept { request: frame };
             conn.set_write_interest(st, false, false);
             return Some((l, req));

@@ -1,0 +1,191 @@
+//! An idle process never wakes (issue #17): `tests/c/idle.c` opens both devices, arms a CQ on
+//! a completion channel, connects two RC QPs on rxe_lo and an rdma_cm connection on siw_lo
+//! (each carrying verified data once), listens with rdma_cm, and then blocks in `read(2)`.
+//! Over 10 s, no thread of the process may be scheduled and it may use no CPU time: the test
+//! reads every thread's context switches (`/proc/PID/task/*/status`) and the process's
+//! utime + stime (`/proc/PID/stat`) before and after.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const RXE_LO: &str = "\n[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n";
+
+/// How long the process is watched.
+const IDLE: Duration = Duration::from_secs(10);
+
+/// Context switches (voluntary + involuntary) of each thread, by "tid name".
+fn switches(pid: u32) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        let n: u64 = status
+            .lines()
+            .filter(|l| l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .sum();
+        out.insert(format!("{} {}", t.file_name().to_string_lossy(), name.trim()), n);
+    }
+    out
+}
+
+/// utime + stime of the process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) start at state (field 3).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// A running `idle.c`: its process, and the files it is driven by.
+struct Idle {
+    proc: common::Proc,
+    ready: PathBuf,
+    fifo: PathBuf,
+    dir: PathBuf,
+}
+
+/// Starts `idle.c` (in `CARGO_TARGET_TMPDIR/capi-idle-<tag>-<pid>`) with `env` added.
+fn start_idle(tag: &str, env: &[(&str, &str)]) -> Idle {
+    let exe = common::compile_c("idle", common::dropin_dir().join("libibverbs.so.1").as_os_str());
+    let cfg = common::lo_config("capi-config-idle", RXE_LO);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-idle-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ready, fifo) = (dir.join("ready"), dir.join("go"));
+    let made = common::run(Command::new("mkfifo").arg(&fifo));
+    assert_eq!(made.code, Some(0), "{}", made.describe());
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&ready).arg(&fifo).env("SOFTRDMA_CONFIG", &cfg);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Idle {
+        proc: common::Proc::start(&mut cmd),
+        ready,
+        fifo,
+        dir,
+    }
+}
+
+impl Idle {
+    /// Waits until the program is set up and idle (bounded).
+    fn wait_ready(mut self) -> Idle {
+        let deadline = Instant::now() + common::TIMEOUT;
+        while !self.ready.exists() && !self.proc.exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !self.ready.exists() {
+            panic!("idle.c never became ready:\n{}", self.proc.kill().describe());
+        }
+        self
+    }
+
+    /// Lets the program tear down and exit; it must pass every check.
+    fn finish(self) {
+        // The program blocks in open(2) of the FIFO for reading until this opens it.
+        let woken = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.fifo)
+            .and_then(|mut f| {
+                use std::io::Write;
+                f.write_all(b"x")
+            });
+        let r = self.proc.wait(common::TIMEOUT);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        assert!(woken.is_ok(), "cannot wake idle.c: {woken:?}\n{}", r.describe());
+        assert_eq!(r.code, Some(0), "{}", r.describe());
+        assert!(r.stdout.contains("PASSED: 0 failure(s)"), "{}", r.describe());
+    }
+}
+
+/// What a process did over an interval: the threads that were scheduled (and how often), and
+/// its CPU ticks.
+struct Activity {
+    woke: BTreeMap<String, u64>,
+    ticks: u64,
+    threads: usize,
+}
+
+impl std::fmt::Display for Activity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} threads; CPU {} ticks; wakeups {:?}",
+            self.threads, self.ticks, self.woke
+        )
+    }
+}
+
+/// Watches every process in `pids` over the same [`IDLE`] interval.
+fn watch(pids: &[u32]) -> Vec<Activity> {
+    let before: Vec<_> = pids.iter().map(|&p| (switches(p), cpu_ticks(p))).collect();
+    std::thread::sleep(IDLE);
+    pids.iter()
+        .zip(before)
+        .map(|(&p, (s0, t0))| {
+            let (s1, t1) = (switches(p), cpu_ticks(p));
+            let woke = s1
+                .iter()
+                .filter_map(|(t, n)| {
+                    let d = n.saturating_sub(s0.get(t).copied().unwrap_or(0));
+                    (d > 0).then(|| (t.clone(), d))
+                })
+                .collect();
+            Activity {
+                woke,
+                ticks: t1.saturating_sub(t0),
+                threads: s0.len(),
+            }
+        })
+        .collect()
+}
+
+/// The thread name in a "tid name" key.
+fn thread_name(key: &str) -> &str {
+    key.split_once(' ').map_or(key, |(_, n)| n)
+}
+
+#[test]
+fn an_idle_process_with_devices_qps_and_a_listener_never_wakes() {
+    // Two processes, watched over the same 10 s: one as users run it, and one with the soft-RoCE
+    // RC keepalive off. The keepalive is the one thing that wakes by design: an idle RTS QP
+    // that heard nothing from its peer for 2 s probes it, so that a killed peer process is
+    // found (see softrdma_roce::engine::keepalive); iWARP leaves that to TCP, in the kernel.
+    let quiet = start_idle("quiet", &[("SOFTRDMA_ROCE_KEEPALIVE_MS", "0")]);
+    let usual = start_idle("usual", &[]);
+    let (quiet, usual) = (quiet.wait_ready(), usual.wait_ready());
+    // The last steps before the ready file (a completion seen, the file written) settle.
+    std::thread::sleep(Duration::from_millis(1000));
+    let seen = watch(&[quiet.proc.pid(), usual.proc.pid()]);
+    quiet.finish();
+    usual.finish();
+    let (q, u) = (&seen[0], &seen[1]);
+    eprintln!("over {IDLE:?}, keepalive off: {q}");
+    eprintln!("over {IDLE:?}, keepalive on: {u}");
+
+    assert!(
+        q.threads >= 2 && u.threads >= 2,
+        "the library's threads are there to watch: {q} / {u}"
+    );
+    assert!(q.woke.is_empty() && q.ticks == 0, "an idle process woke: {q}");
+    // With the keepalive: only the progress thread, for each of the two QPs' probes (one
+    // every 2 s, and the probe and its ACK may each wake it), and no measurable CPU time.
+    let probes: u64 = u.woke.values().sum();
+    assert!(
+        u.woke.keys().all(|t| thread_name(t) == "softrdma-progre")
+            && probes <= 2 * 2 * (IDLE.as_secs() / 2 + 1)
+            && u.ticks <= 1,
+        "an idle process woke for something other than the keepalive: {u}"
+    );
+}
