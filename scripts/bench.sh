@@ -1,52 +1,232 @@
 #!/usr/bin/env bash
-# Benchmark, not a test: RDMA WRITE 1 MiB bandwidth next to iperf3 single-stream TCP on 127.0.0.1,
-# in one run, with the ratios:
-#   - softrdma perf over soft-iWARP (MPA CRC off and on),
-#   - softrdma perf over soft-RoCE (rxe_lo),
-#   - Debian's ib_write_bw over soft-RoCE through the drop-in library.
+# Benchmark, not a test: softrdma next to the TCP tools users know, on 127.0.0.1, in one run, and
+# one markdown table of ratios (softrdma ÷ reference, every pair measured in this run):
+#   bandwidth, 1 MiB, against iperf3 single stream `-l 1M` (run before and after, averaged):
+#     - softrdma perf write-bw over soft-iWARP (MPA CRC off and on) and soft-RoCE (rxe_lo),
+#     - Debian's ib_write_bw over rxe_lo and `ib_write_bw -R` (rdma_cm) over siw_lo, both
+#       through the drop-in library;
+#   latency, 8 B, one-way (a READ: its round trip), against sockperf TCP ping-pong (14 B, its
+#   smallest message; one-way = RTT/2); medians, the means next to them:
+#     - ib_send_lat, ib_write_lat, ib_read_lat over rxe_lo (perftest polls its CQ) against
+#       sockperf busy-poll (`--nonblocked`, the server's epoll timeout 0),
+#     - ib_send_lat -e (sleeps on a completion channel) against sockperf blocking;
+#       softrdma perf has no event mode, so its send-lat is not measured;
+#   connection setup: crates/cm/examples/conn_rate.rs (softrdma-cm create, resolve, QPs,
+#     connect, accept, disconnect, destroy on siw_lo) against raw TCP connect+accept+close,
+#     which the example measures itself, in the same process.
+# Takes about 1 min after the release build on 2 vCPUs (BENCH_QUICK=1: shorter runs, about 20 s,
+# to check that every row gives a number; its numbers are noisier). Nothing is pinned to a CPU:
+# run it on a quiet machine and compare ratios, not absolute numbers. SOFTRDMA_POLL=1 in the
+# environment makes softrdma's progress threads spin (see the README); the default is the
+# sleeping progress thread. The devices are the defaults (siw_lo, rxe_lo): SOFTRDMA_CONFIG and
+# SOFTRDMA_TRANSPORTS are unset. All traffic is to 127.0.0.1 (perftest's servers listen on
+# 0.0.0.0; perftest has no option to bind them). A row without a number reads "failed", the
+# logs are kept and the exit status is 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in iperf3 ib_write_bw; do
-  command -v "$tool" >/dev/null || { echo "bench: $tool is not installed (apt-get install iperf3 perftest)" >&2; exit 1; }
-done
+unset SOFTRDMA_CONFIG SOFTRDMA_TRANSPORTS
+
+missing=() packages=()
+need() { # need TOOL DEBIAN-PACKAGE
+  command -v "$1" >/dev/null && return
+  missing+=("$1")
+  [[ " ${packages[*]} " == *" $2 "* ]] || packages+=("$2")
+}
+need iperf3 iperf3
+need sockperf sockperf
+for t in ib_write_bw ib_send_lat ib_write_lat ib_read_lat; do need "$t" perftest; done
+need ss iproute2
+need python3 python3
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bench: ${missing[*]} not installed (apt-get install ${packages[*]})" >&2
+  exit 1
+fi
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  secs=1 bw_n=500 lat_n=1000 conns=50
+else
+  secs=5 bw_n=5000 lat_n=5000 conns=500
+fi
+
 cargo build --release -q -p softrdma-cli
+cargo build --release -q -p softrdma-cm --example conn_rate
 dropin=$(cargo xtask dropin 2>/dev/null | tail -1)
-bin=target/release/softrdma
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/release/softrdma
+conn_rate=$target/release/examples/conn_rate
+
+work=$(mktemp -d -t softrdma-bench.XXXXXX)
+pids=()   # background servers still running
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ "${keep_logs:-0}" = 1 ]; then echo "bench: logs in $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+num() { [[ ${1:-} =~ ^[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$ ]]; }
+# serve LOG CMD...: a server in the background, bounded; its pid in $srv
+serve() {
+  local log=$1; shift
+  timeout -k 5 120 "$@" >"$log" 2>&1 &
+  srv=$!
+  pids+=("$srv")
+}
+# reap [kill]: wait for the last server to end (it is bounded by its timeout), or stop it first
+reap() {
+  [ "${1:-}" = kill ] && kill "$srv" 2>/dev/null
+  wait "$srv" 2>/dev/null || true
+  local keep=() p
+  for p in "${pids[@]}"; do [ "$p" = "$srv" ] || keep+=("$p"); done
+  pids=("${keep[@]}")
+}
+# client LOG CMD...: a bounded client, stdout and stderr to LOG
+client() {
+  local log=$1; shift
+  timeout --foreground -k 5 120 "$@" >"$log" 2>&1 || echo "bench: exit status $? from: $*" >>"$log"
+}
+# wait_tcp PORT: until something listens on TCP PORT (5 s at most)
+wait_tcp() {
+  for _ in $(seq 100); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done
+  return 1
+}
+declare -A val   # every measured number, by name; a missing one is a failed measurement
+
+# iperf NAME: iperf3 single stream, 1 MiB writes; Gbit/s received
 iperf() {
   local port; port=$(free_port)
-  iperf3 -s -B 127.0.0.1 -p "$port" -1 >/dev/null 2>&1 &
-  sleep 0.5
-  iperf3 -c 127.0.0.1 -p "$port" -l 1M -t 5 -J | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)'
-  wait
+  serve "$work/$1.srv" iperf3 -s -B 127.0.0.1 -p "$port" -1
+  wait_tcp "$port" || true
+  client "$work/$1.log" iperf3 -c 127.0.0.1 -p "$port" -l 1M -t "$secs" -J
+  reap
+  val[$1]=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9)' \
+    "$work/$1.log" 2>/dev/null || true)
 }
+# write_bw NAME ARGS...: softrdma perf write-bw 1 MiB; Gbit/s
 write_bw() {
-  local log; log=$(mktemp)
-  "$bin" perf write-bw -b 127.0.0.1 -p 0 "$@" 2>"$log" &
-  for _ in $(seq 100); do grep -q 'listening on' "$log" && break; sleep 0.05; done
-  local port; port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$log")
-  "$bin" perf write-bw 127.0.0.1 -p "$port" -s 1048576 -n 5000 --json "$@" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["gbit_per_s"])'
-  wait; rm -f "$log"
+  local name=$1 port=""; shift
+  serve "$work/$name.srv" "$bin" perf write-bw -b 127.0.0.1 -p 0 "$@"
+  for _ in $(seq 100); do grep -q 'listening on' "$work/$name.srv" && break; sleep 0.05; done
+  port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$work/$name.srv")
+  client "$work/$name.log" "$bin" perf write-bw 127.0.0.1 -p "${port:-0}" -s 1048576 -n "$bw_n" --json "$@"
+  reap
+  val[$name]=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["gbit_per_s"])' \
+    "$work/$name.log" 2>/dev/null || true)
 }
-ib_write_bw_rxe() {
-  local port; port=$(free_port)
-  LD_LIBRARY_PATH=$dropin ib_write_bw -d rxe_lo -s 1048576 -n 5000 -p "$port" >/dev/null 2>&1 &
-  sleep 1
-  # "#bytes #iterations peak average msgrate": average MB/s (10^6 B/s) -> Gbit/s
-  LD_LIBRARY_PATH=$dropin ib_write_bw -d rxe_lo -s 1048576 -n 5000 -p "$port" 127.0.0.1 \
-    | awk '$1 == 1048576 { printf "%.2f\n", $4 * 8 / 1000 }'
-  wait
+# perftest NAME TOOL ARGS...: a perftest server and client through the drop-in library
+perftest() {
+  local name=$1 tool=$2 port; shift 2
+  port=$(free_port)
+  serve "$work/$name.srv" env LD_LIBRARY_PATH="$dropin" "$tool" -p "$port" "$@"
+  wait_tcp "$port" || true
+  client "$work/$name.log" env LD_LIBRARY_PATH="$dropin" "$tool" -p "$port" "$@" 127.0.0.1
+  reap
 }
-t1=$(iperf); w0=$(write_bw); w1=$(write_bw --mpa-crc); r0=$(write_bw -d rxe_lo); r1=$(ib_write_bw_rxe); t2=$(iperf)
-python3 - "$t1" "$t2" "$w0" "$w1" "$r0" "$r1" <<'PY'
+# ib_bw NAME ARGS...: ib_write_bw 1 MiB; "#bytes #iterations peak average msgrate", in Gbit/s
+ib_bw() {
+  local name=$1; shift
+  perftest "$name" ib_write_bw -s 1048576 -n "$bw_n" --report_gbits "$@"
+  val[$name]=$(awk '$1 == 1048576 && NF >= 4 { print $4 }' "$work/$name.log")
+}
+# ib_lat NAME TOOL ARGS...: perftest latency, 8 B; t_typical (median) and t_avg in µs, one-way
+# for SEND and WRITE (perftest halves the round trip), the whole round trip for READ
+ib_lat() {
+  local name=$1 tool=$2; shift 2
+  perftest "$name" "$tool" -d rxe_lo -s 8 -n "$lat_n" "$@"
+  val[$name]=$(awk '$1 == 8 && NF >= 6 { print $5 }' "$work/$name.log")
+  val[$name.avg]=$(awk '$1 == 8 && NF >= 6 { print $6 }' "$work/$name.log")
+}
+# sockperf NAME busy|block: TCP ping-pong 14 B; median and mean one-way latency (RTT/2) in µs
+sockperf_pp() {
+  local name=$1 port srv_flags=() cli_flags=(); port=$(free_port)
+  [ "$2" = busy ] && { srv_flags=(--nonblocked --timeout 0); cli_flags=(--nonblocked); }
+  serve "$work/$name.srv" sockperf sr --tcp -i 127.0.0.1 -p "$port" "${srv_flags[@]}"
+  wait_tcp "$port" || true
+  client "$work/$name.log" sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 14 -t "$secs" "${cli_flags[@]}"
+  reap kill
+  sed -i 's/\x1b\[[0-9;]*m//g' "$work/$name.log"
+  val[$name]=$(awk '/percentile 50.000/ { print $NF }' "$work/$name.log")
+  val[$name.avg]=$(sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' "$work/$name.log")
+}
+# cm_rate: the conn_rate example's row "| N | CM conn/s (µs) | TCP conn/s (µs) | TCP/CM |"
+cm_rate() {
+  client "$work/cm.log" "$conn_rate" "$conns"
+  read -r 'val[cm]' 'val[cm.us]' 'val[tcpconn]' 'val[tcpconn.us]' < <(awk -F'|' 'NF >= 5 && $2 + 0 > 0 {
+      gsub(/[()]/, "", $3); gsub(/[()]/, "", $4); print $3, $4 }' "$work/cm.log") || true
+}
+
+iperf iperf1
+write_bw w0
+write_bw w1 --mpa-crc
+write_bw r0 -d rxe_lo
+ib_bw r1 -d rxe_lo
+ib_bw siw1 -R -d siw_lo
+iperf iperf2
+sockperf_pp busy busy
+ib_lat send_lat ib_send_lat
+ib_lat write_lat ib_write_lat
+ib_lat read_lat ib_read_lat
+sockperf_pp block block
+ib_lat send_lat_ev ib_send_lat -e
+cm_rate
+
+failed=()
+for k in iperf1 iperf2 w0 w1 r0 r1 siw1 busy busy.avg send_lat send_lat.avg write_lat write_lat.avg read_lat \
+  read_lat.avg block block.avg send_lat_ev send_lat_ev.avg cm cm.us tcpconn tcpconn.us; do
+  if num "${val[$k]:-}"; then printf '%s=%s\n' "$k" "${val[$k]}"; else failed+=("$k"); fi
+done >"$work/values"
+python3 - "$work/values" "$conns" <<'PY'
 import sys
-t1, t2, w0, w1, r0, r1 = map(float, sys.argv[1:])
-t = (t1 + t2) / 2
-print("| what | bandwidth | ratio to iperf3 |")
-print("|---|---|---|")
-print(f"| iperf3 single stream -l 1M | {t1:.1f} / {t2:.1f} Gbit/s (before / after) | 1.00 |")
-print(f"| softrdma perf WRITE 1 MiB, soft-iWARP, CRC off | {w0:.1f} Gbit/s | {w0 / t:.2f}x |")
-print(f"| softrdma perf WRITE 1 MiB, soft-iWARP, CRC on  | {w1:.1f} Gbit/s | {w1 / t:.2f}x |")
-print(f"| softrdma perf WRITE 1 MiB, soft-RoCE (rxe_lo)  | {r0:.1f} Gbit/s | {r0 / t:.2f}x |")
-print(f"| ib_write_bw 1 MiB, soft-RoCE (rxe_lo, drop-in) | {r1:.1f} Gbit/s | {r1 / t:.2f}x |")
+v = {}
+for line in open(sys.argv[1]):
+    k, x = line.strip().split("=")
+    v[k] = float(x)
+conns = int(sys.argv[2])
+print("| what | softrdma | reference, same run | softrdma ÷ reference | better |")
+print("|---|---|---|---|---|")
+def row(what, s, s_text, r, r_text, better):
+    if s is None or r is None:
+        print(f"| {what} | {s_text if s is not None else 'failed'} | {r_text if r is not None else 'failed'} | – | {better} |")
+    else:
+        print(f"| {what} | {s_text} | {r_text} | {s / r:.2f} | {better} |")
+t1, t2 = v.get("iperf1"), v.get("iperf2")
+tcp = (t1 + t2) / 2 if t1 is not None and t2 is not None else None
+tcp_text = f"iperf3 -l 1M: {tcp:.1f} Gbit/s ({t1:.1f} before, {t2:.1f} after)" if tcp is not None else None
+for key, what in [
+    ("w0", "softrdma perf write-bw 1 MiB, soft-iWARP, CRC off"),
+    ("w1", "softrdma perf write-bw 1 MiB, soft-iWARP, CRC on"),
+    ("r0", "softrdma perf write-bw 1 MiB, soft-RoCE (rxe_lo)"),
+    ("r1", "ib_write_bw 1 MiB, soft-RoCE (rxe_lo, drop-in)"),
+    ("siw1", "ib_write_bw -R 1 MiB, soft-iWARP (siw_lo, rdma_cm, drop-in)"),
+]:
+    s = v.get(key)
+    row(what, s, f"{s:.1f} Gbit/s" if s is not None else "", tcp, tcp_text, "higher")
+
+def lat(k):
+    return f"{v[k]:.1f} µs (mean {v[k + '.avg']:.1f})" if k in v and k + ".avg" in v else None
+busy, block = lat("busy"), lat("block")
+busy_text = f"sockperf TCP 14 B busy-poll, one-way: {busy}" if busy else None
+block_text = f"sockperf TCP 14 B blocking, one-way: {block}" if block else None
+rtt = f"sockperf TCP 14 B busy-poll, round trip: {2 * v['busy']:.1f} µs (mean {2 * v['busy.avg']:.1f})" if busy else None
+for key, what, ref, ref_text in [
+    ("send_lat", "ib_send_lat 8 B, rxe_lo, polling, one-way", v.get("busy"), busy_text),
+    ("write_lat", "ib_write_lat 8 B, rxe_lo, polling, one-way", v.get("busy"), busy_text),
+    ("read_lat", "ib_read_lat 8 B, rxe_lo, polling, round trip", 2 * v["busy"] if busy else None, rtt),
+    ("send_lat_ev", "ib_send_lat -e 8 B, rxe_lo, completion channel, one-way", v.get("block"), block_text),
+]:
+    row(what, v.get(key) if lat(key) else None, lat(key), ref, ref_text, "lower")
+print(f"| softrdma perf send-lat 8 B, completion channel | not measured: no event mode "
+      f"| {block_text or 'failed'} | – | lower |")
+cm = f"{v['cm']:.0f} conn/s ({v['cm.us']:.0f} µs)" if "cm" in v and "cm.us" in v else None
+tc = f"TCP connect+accept+close: {v['tcpconn']:.0f} conn/s ({v['tcpconn.us']:.0f} µs)" if "tcpconn" in v and "tcpconn.us" in v else None
+row(f"softrdma-cm connection cycles (conn_rate, {conns}, siw_lo)", v.get("cm") if cm else None, cm,
+    v.get("tcpconn") if tc else None, tc, "higher")
 PY
+if [ ${#failed[@]} -gt 0 ]; then
+  keep_logs=1
+  echo "bench: no number for: ${failed[*]}" >&2
+  exit 1
+fi
