@@ -9,8 +9,8 @@
 #   smallest message; one-way = RTT/2); medians, the means next to them:
 #     - ib_send_lat, ib_write_lat, ib_read_lat over rxe_lo (perftest polls its CQ) against
 #       sockperf busy-poll (`--nonblocked`, the server's epoll timeout 0),
-#     - ib_send_lat -e (sleeps on a completion channel) against sockperf blocking;
-#       softrdma perf has no event mode, so its send-lat is not measured;
+#     - ib_send_lat -e and `softrdma perf send-lat --events` (both sleep on a completion
+#       channel) against sockperf blocking;
 #   connection setup: crates/cm/examples/conn_rate.rs (softrdma-cm create, resolve, QPs,
 #     connect, accept, disconnect, destroy on siw_lo) against raw TCP connect+accept+close,
 #     which the example measures itself, in the same process.
@@ -125,6 +125,19 @@ perftest() {
   client "$work/$name.log" env LD_LIBRARY_PATH="$dropin" "$tool" -p "$port" "$@" 127.0.0.1
   reap
 }
+# perf_lat NAME ARGS...: softrdma perf send-lat 8 B; median one-way latency in µs (p99 beside it)
+perf_lat() {
+  local name=$1 port=""; shift
+  serve "$work/$name.srv" "$bin" perf send-lat -b 127.0.0.1 -p 0 "$@"
+  for _ in $(seq 100); do grep -q 'listening on' "$work/$name.srv" && break; sleep 0.05; done
+  port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$work/$name.srv")
+  client "$work/$name.log" "$bin" perf send-lat 127.0.0.1 -p "${port:-0}" -s 8 -n "$lat_n" --json "$@"
+  reap
+  val[$name]=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["p50_us"])' \
+    "$work/$name.log" 2>/dev/null || true)
+  val[$name.p99]=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["p99_us"])' \
+    "$work/$name.log" 2>/dev/null || true)
+}
 # ib_bw NAME ARGS...: ib_write_bw 1 MiB; "#bytes #iterations peak average msgrate", in Gbit/s
 ib_bw() {
   local name=$1; shift
@@ -171,11 +184,13 @@ ib_lat write_lat ib_write_lat
 ib_lat read_lat ib_read_lat
 sockperf_pp block block
 ib_lat send_lat_ev ib_send_lat -e
+perf_lat perf_ev_iw --events
+perf_lat perf_ev_roce --events -d rxe_lo
 cm_rate
 
 failed=()
 for k in iperf1 iperf2 w0 w1 r0 r1 siw1 busy busy.avg send_lat send_lat.avg write_lat write_lat.avg read_lat \
-  read_lat.avg block block.avg send_lat_ev send_lat_ev.avg cm cm.us tcpconn tcpconn.us; do
+  read_lat.avg block block.avg send_lat_ev send_lat_ev.avg perf_ev_iw perf_ev_iw.p99 perf_ev_roce perf_ev_roce.p99 cm cm.us tcpconn tcpconn.us; do
   if num "${val[$k]:-}"; then printf '%s=%s\n' "$k" "${val[$k]}"; else failed+=("$k"); fi
 done >"$work/values"
 python3 - "$work/values" "$conns" <<'PY'
@@ -218,8 +233,13 @@ for key, what, ref, ref_text in [
     ("send_lat_ev", "ib_send_lat -e 8 B, rxe_lo, completion channel, one-way", v.get("block"), block_text),
 ]:
     row(what, v.get(key) if lat(key) else None, lat(key), ref, ref_text, "lower")
-print(f"| softrdma perf send-lat 8 B, completion channel | not measured: no event mode "
-      f"| {block_text or 'failed'} | – | lower |")
+for key, what in [
+    ("perf_ev_iw", "softrdma perf send-lat --events 8 B, soft-iWARP, completion channel, one-way"),
+    ("perf_ev_roce", "softrdma perf send-lat --events 8 B, soft-RoCE (rxe_lo), completion channel, one-way"),
+]:
+    s = v.get(key)
+    s_text = f"{s:.1f} µs (p99 {v[key + '.p99']:.1f})" if s is not None and key + ".p99" in v else None
+    row(what, s if s_text else None, s_text, v.get("block"), block_text, "lower")
 cm = f"{v['cm']:.0f} conn/s ({v['cm.us']:.0f} µs)" if "cm" in v and "cm.us" in v else None
 tc = f"TCP connect+accept+close: {v['tcpconn']:.0f} conn/s ({v['tcpconn.us']:.0f} µs)" if "tcpconn" in v and "tcpconn.us" in v else None
 row(f"softrdma-cm connection cycles (conn_rate, {conns}, siw_lo)", v.get("cm") if cm else None, cm,

@@ -68,6 +68,14 @@ fn with_mpa_crc() {
 }
 
 #[test]
+fn with_completion_events() {
+    // `--events`: both sides sleep on a completion channel (perftest's -e), iWARP and RoCE.
+    run("send-lat", &["--events"]);
+    run("send-bw", &["--events"]);
+    run("send-lat", &["--events", "-d", "rxe_lo"]);
+}
+
+#[test]
 fn nothing_listening_is_refused_at_once() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -103,7 +103,7 @@ fn run_size(
     size: usize,
     last: bool,
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
-    let ep = Endpoint::new(dev, 4)?;
+    let ep = Endpoint::new(dev, 4, args.events)?;
     let local = ep
         .pd
         .alloc_mr(size, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)?;

@@ -14,6 +14,8 @@ pub struct Endpoint {
     pub pd: Pd,
     pub cq: Cq,
     pub qp: Qp,
+    /// The CQ's completion channel when completions are waited for by events (`--events`).
+    events: Option<CompChannel>,
 }
 
 /// Picks the device: `-d NAME`, else the one owning `ip`, else the first one.
@@ -33,10 +35,12 @@ pub fn pick_device(name: Option<&str>, ip: Option<IpAddr>) -> Result<DeviceInfo>
 }
 
 impl Endpoint {
-    pub fn new(dev: &DeviceInfo, recv_depth: u32) -> Result<Endpoint> {
+    /// `events`: completions are waited for on a completion channel instead of by polling.
+    pub fn new(dev: &DeviceInfo, recv_depth: u32, events: bool) -> Result<Endpoint> {
         let ctx = Context::open(dev)?;
         let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(4 * DEPTH + recv_depth + 16, None)?;
+        let events = if events { Some(ctx.create_comp_channel()?) } else { None };
+        let cq = ctx.create_cq(4 * DEPTH + recv_depth + 16, events.as_ref())?;
         let cap = QpCap {
             max_send_wr: DEPTH,
             max_recv_wr: recv_depth.max(1),
@@ -71,15 +75,20 @@ impl Endpoint {
                 qp
             }
         };
-        Ok(Endpoint { pd, cq, qp })
+        Ok(Endpoint { pd, cq, qp, events })
     }
 
-    /// Waits for one completion (spinning, then yielding); errors name the WR and status.
+    /// Waits for one completion (spinning, then yielding, or sleeping on the completion
+    /// channel with `--events`); errors name the WR and status.
     pub fn next_wc(&self, timeout: Duration) -> Result<WorkCompletion> {
         let deadline = Instant::now() + timeout;
         let mut spins = 0u32;
         loop {
-            if let Some(wc) = self.cq.poll_one() {
+            let polled = match &self.events {
+                Some(ch) => self.poll_or_sleep(ch, deadline)?,
+                None => self.cq.poll_one(),
+            };
+            if let Some(wc) = polled {
                 if wc.status != WcStatus::Success {
                     bail!(
                         Io,
@@ -94,9 +103,12 @@ impl Endpoint {
                 return Ok(wc);
             }
             spins += 1;
-            if spins > SPINS {
+            if spins > SPINS || self.events.is_some() {
                 if Instant::now() >= deadline {
                     bail!(TimedOut, "QP {}: no completion within {timeout:?}", self.qp.qpn());
+                }
+                if self.events.is_some() {
+                    continue;
                 }
                 // On a 2-CPU machine a spinning poller starves the progress threads: back off.
                 std::thread::sleep(BACKOFF);
@@ -108,6 +120,27 @@ impl Endpoint {
 }
 
 impl Endpoint {
+    /// One completion if there is one; else arms the CQ, looks once more (a completion that
+    /// arrived before the arming raises no event), and sleeps until the channel's next event.
+    fn poll_or_sleep(&self, ch: &CompChannel, deadline: Instant) -> Result<Option<WorkCompletion>> {
+        if let Some(wc) = self.cq.poll_one() {
+            return Ok(Some(wc));
+        }
+        self.cq.req_notify(false)?;
+        if let Some(wc) = self.cq.poll_one() {
+            return Ok(Some(wc));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ch.get_cq_event(Some(left)) {
+            Ok(cq) => {
+                cq.ack_events(1);
+                Ok(self.cq.poll_one())
+            }
+            Err(e) if e.errno == Errno::Again => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Waits until every posted send has completed (the QP's send queue is empty).
     pub fn drain_sends(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;

@@ -99,6 +99,11 @@ pub struct PerfArgs {
     /// Connection setup timeout in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
+    /// Sleep on completion events (a completion channel) instead of polling the CQ, as
+    /// perftest's `-e`: what a blocking application pays. Memory-polling waits (write-lat)
+    /// still poll.
+    #[arg(short, long)]
+    pub events: bool,
 }
 
 /// Runs the subcommand.

@@ -49,7 +49,7 @@ fn serve(
     } else {
         2
     };
-    let ep = Endpoint::new(dev, recv_depth)?;
+    let ep = Endpoint::new(dev, recv_depth, args.events)?;
     let slots = if r.test == Test::SendBw { recv_depth as usize } else { 1 };
     let buf = ep.pd.alloc_mr(
         size * slots,
