@@ -239,22 +239,21 @@ unsafe fn poll_all(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> CResult<c_
             }
             return Ok(ready);
         }
-        // arm, look once more, then sleep on the ordinary fds and the rsockets' channels
+        // arm and look once more (each socket), then sleep on the ordinary fds and the
+        // rsockets' channels; anything that happened meanwhile is looked at first
         let mut waits = plain;
+        let mut changed = false;
         for s in socks.iter().flatten() {
-            for fd in s.wait_fds() {
-                waits.push(pollfd {
+            match s.wait_fds() {
+                Some(fds) => waits.extend(fds.into_iter().map(|fd| pollfd {
                     fd,
                     events: libc::POLLIN,
                     revents: 0,
-                });
+                })),
+                None => changed = true,
             }
         }
-        if entries
-            .iter()
-            .zip(&socks)
-            .any(|(p, s)| s.as_ref().is_some_and(|s| s.poll_events(p.events) != 0))
-        {
+        if changed {
             continue;
         }
         let ms = match deadline {

@@ -364,6 +364,11 @@ impl Conn {
         Ok(())
     }
 
+    /// True while the CQ is armed and its event not yet taken.
+    pub fn is_armed(&self) -> bool {
+        self.armed
+    }
+
     /// Consumes a fired completion event, if any.
     pub fn drain_event(&mut self) {
         if let Ok(cq) = self.channel.get_cq_event(Some(std::time::Duration::ZERO)) {

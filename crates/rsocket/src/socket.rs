@@ -624,24 +624,41 @@ impl RSocket {
         rev & (events | libc::POLLHUP | libc::POLLERR)
     }
 
-    /// Arms the socket's wake-ups (for `rpoll`): the fds that become readable when something
-    /// changes. Look at [`RSocket::poll_events`] once more after this, then sleep.
-    pub fn wait_fds(&self) -> Vec<RawFd> {
+    /// Arms the socket's wake-ups (for `rpoll`) and looks once more: the fds that become
+    /// readable when something changes, or `None` if something changed meanwhile (look at
+    /// [`RSocket::poll_events`] again, then call this again before sleeping).
+    ///
+    /// The look after the arming matters twice: a completion that raced the arming raises
+    /// no readiness of its own, and taking its event disarms the CQ again, so sleeping then
+    /// would wait for an event that never comes.
+    pub fn wait_fds(&self) -> Option<Vec<RawFd>> {
         let mut g = self.lock();
         let mut fds = vec![self.chan.fd()];
+        let mut armed = false;
         if let Some(conn) = g.conn.as_mut() {
             if conn.arm().is_ok() {
                 fds.push(conn.event_fd());
+                armed = true;
             }
         }
-        fds
+        if !self.still_armed_and_quiet(&mut g, armed) {
+            return None;
+        }
+        Some(fds)
+    }
+
+    /// After arming (`armed`: the CQ was armed): true if nothing happened and the CQ is still
+    /// armed, so that sleeping on the channels is safe. A stale event (for completions
+    /// already polled) taken now also disarms the CQ: the caller must arm again first.
+    fn still_armed_and_quiet(&self, g: &mut Inner, armed: bool) -> bool {
+        !self.progress(g) && (!armed || g.conn.as_ref().is_some_and(|c| c.is_armed()))
     }
 
     /// Sleeps until something may have changed: arms the CQ, looks once more (a completion
     /// that raced the arming ends the nap at once), then polls both channels.
     fn sleep(&self, mut g: MutexGuard<'_, Inner>) {
         let cq_channel = g.conn.as_mut().and_then(|c| c.arm().ok().map(|_| c.channel.clone()));
-        if self.progress(&mut g) {
+        if !self.still_armed_and_quiet(&mut g, cq_channel.is_some()) {
             return;
         }
         drop(g);
