@@ -105,16 +105,25 @@ iperf() {
   val[$1]=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9)' \
     "$work/$1.log" 2>/dev/null || true)
 }
-# write_bw NAME ARGS...: softrdma perf write-bw 1 MiB; Gbit/s
-write_bw() {
-  local name=$1 port=""; shift
-  serve "$work/$name.srv" "$bin" perf write-bw -b 127.0.0.1 -p 0 "$@"
+# softrdma_perf NAME TEST SIZE ITERS ARGS...: a softrdma perf server (any free port) and client,
+# both with ARGS; the client's JSON line is left in $work/NAME.log
+softrdma_perf() {
+  local name=$1 test=$2 size=$3 iters=$4 port=""; shift 4
+  serve "$work/$name.srv" "$bin" perf "$test" -b 127.0.0.1 -p 0 "$@"
   for _ in $(seq 100); do grep -q 'listening on' "$work/$name.srv" && break; sleep 0.05; done
   port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$work/$name.srv")
-  client "$work/$name.log" "$bin" perf write-bw 127.0.0.1 -p "${port:-0}" -s 1048576 -n "$bw_n" --json "$@"
+  client "$work/$name.log" "$bin" perf "$test" 127.0.0.1 -p "${port:-0}" -s "$size" -n "$iters" --json "$@"
   reap
-  val[$name]=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["gbit_per_s"])' \
-    "$work/$name.log" 2>/dev/null || true)
+}
+# json_field NAME FIELD: FIELD of the JSON line in $work/NAME.log (empty if there is none)
+json_field() {
+  python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())[sys.argv[2]])' \
+    "$work/$1.log" "$2" 2>/dev/null || true
+}
+# write_bw NAME ARGS...: softrdma perf write-bw 1 MiB; Gbit/s
+write_bw() {
+  softrdma_perf "$1" write-bw 1048576 "$bw_n" "${@:2}"
+  val[$1]=$(json_field "$1" gbit_per_s)
 }
 # perftest NAME TOOL ARGS...: a perftest server and client through the drop-in library
 perftest() {
@@ -127,16 +136,9 @@ perftest() {
 }
 # perf_lat NAME ARGS...: softrdma perf send-lat 8 B; median one-way latency in µs (p99 beside it)
 perf_lat() {
-  local name=$1 port=""; shift
-  serve "$work/$name.srv" "$bin" perf send-lat -b 127.0.0.1 -p 0 "$@"
-  for _ in $(seq 100); do grep -q 'listening on' "$work/$name.srv" && break; sleep 0.05; done
-  port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$work/$name.srv")
-  client "$work/$name.log" "$bin" perf send-lat 127.0.0.1 -p "${port:-0}" -s 8 -n "$lat_n" --json "$@"
-  reap
-  val[$name]=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["p50_us"])' \
-    "$work/$name.log" 2>/dev/null || true)
-  val[$name.p99]=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["p99_us"])' \
-    "$work/$name.log" 2>/dev/null || true)
+  softrdma_perf "$1" send-lat 8 "$lat_n" "${@:2}"
+  val[$1]=$(json_field "$1" p50_us)
+  val[$1.p99]=$(json_field "$1" p99_us)
 }
 # ib_bw NAME ARGS...: ib_write_bw 1 MiB; "#bytes #iterations peak average msgrate", in Gbit/s
 ib_bw() {

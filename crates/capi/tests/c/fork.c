@@ -38,6 +38,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "check.h"
+#include "rc_loopback.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CHILD_UNDER_ASAN 1
@@ -53,16 +54,6 @@
 #define BUF 65536
 #define WAIT_MS 10000
 
-static const uint8_t LO_GID[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* Two RC QPs on one context, connected to each other. */
 struct pair {
 	struct ibv_context *ctx;
@@ -72,44 +63,6 @@ struct pair {
 	uint8_t *src, *dst;
 	struct ibv_mr *src_mr, *dst_mr;
 };
-
-static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn)
-{
-	struct ibv_qp_attr at;
-
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_INIT;
-	at.port_num = 1;
-	at.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTR;
-	at.path_mtu = IBV_MTU_1024;
-	at.dest_qp_num = remote_qpn;
-	at.rq_psn = 0;
-	at.max_dest_rd_atomic = 1;
-	at.min_rnr_timer = 12;
-	at.ah_attr.is_global = 1;
-	memcpy(at.ah_attr.grh.dgid.raw, LO_GID, 16);
-	at.ah_attr.grh.hop_limit = 64;
-	at.ah_attr.grh.sgid_index = 0;
-	at.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &at,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTS;
-	at.timeout = 14;
-	at.retry_cnt = 7;
-	at.rnr_retry = 7;
-	at.sq_psn = 0;
-	at.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &at,
-			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				     IBV_QP_MAX_QP_RD_ATOMIC);
-}
 
 static struct ibv_qp *rc_qp(struct pair *p)
 {
@@ -149,7 +102,7 @@ static int pair_open(struct pair *p, struct ibv_device *dev, const char *who)
 	CHECK(p->src_mr && p->dst_mr && p->a && p->b, "%s: MRs and two RC QPs (errno %d)", who, errno);
 	if (!p->src_mr || !p->dst_mr || !p->a || !p->b)
 		return -1;
-	int r = to_rts(p->a, p->b->qp_num) || to_rts(p->b, p->a->qp_num);
+	int r = rc_to_rts(p->a, p->b->qp_num, access) || rc_to_rts(p->b, p->a->qp_num, access);
 	CHECK(r == 0, "%s: both QPs reach RTS (errno %d)", who, errno);
 	return r ? -1 : 0;
 }
@@ -235,24 +188,6 @@ static int round_trip(struct pair *p, unsigned seed, const char *who)
 	return 0;
 }
 
-/* The next CM event on `ch`, NULL (and a failed check) if it is not `type`. */
-static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type)
-{
-	struct rdma_cm_event *ev = NULL;
-
-	if (rdma_get_cm_event(ch, &ev)) {
-		CHECK(0, "child: rdma_get_cm_event: %s", strerror(errno));
-		return NULL;
-	}
-	CHECK(ev->event == type, "child: event %s (want %s), status %d", rdma_event_str(ev->event),
-	      rdma_event_str(type), ev->status);
-	if (ev->event != type) {
-		rdma_ack_cm_event(ev);
-		return NULL;
-	}
-	return ev;
-}
-
 /* The child's rdma_cm connection on 127.0.0.1: listen, connect, accept, one SEND, disconnect. */
 static void child_cm(void)
 {
@@ -272,17 +207,17 @@ static void child_cm(void)
 	CHECK(rdma_create_id(ch, &cid, NULL, RDMA_PS_TCP) == 0 &&
 		      rdma_resolve_addr(cid, NULL, (struct sockaddr *)&dst, 2000) == 0,
 	      "child: client id, rdma_resolve_addr");
-	if ((ev = expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED)))
+	if ((ev = expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED, "child")))
 		rdma_ack_cm_event(ev);
 	CHECK(rdma_resolve_route(cid, 2000) == 0, "child: rdma_resolve_route");
-	if ((ev = expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED)))
+	if ((ev = expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, "child")))
 		rdma_ack_cm_event(ev);
 	struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
 						  .max_recv_sge = 1 },
 					 .qp_type = IBV_QPT_RC, .sq_sig_all = 1 };
 	CHECK(rdma_create_qp(cid, NULL, &attr) == 0, "child: client rdma_create_qp (errno %d)", errno);
 	CHECK(rdma_connect(cid, NULL) == 0, "child: rdma_connect");
-	ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, "child");
 	if (!ev)
 		return;
 	sid = ev->id;
@@ -308,7 +243,7 @@ static void child_cm(void)
 	CHECK(ibv_post_recv(sid->qp, &rwr, &bad_r) == 0, "child: post a receive");
 	CHECK(rdma_accept(sid, NULL) == 0, "child: rdma_accept");
 	for (int i = 0; i < 2; i++)
-		if ((ev = expect(ch, RDMA_CM_EVENT_ESTABLISHED)))
+		if ((ev = expect_event(ch, RDMA_CM_EVENT_ESTABLISHED, "child")))
 			rdma_ack_cm_event(ev);
 
 	struct ibv_sge ssge = { .addr = (uintptr_t)sbuf, .length = sizeof(sbuf), .lkey = smr->lkey };
@@ -330,7 +265,7 @@ static void child_cm(void)
 
 	CHECK(rdma_disconnect(cid) == 0, "child: rdma_disconnect");
 	for (int i = 0; i < 2; i++)
-		if ((ev = expect(ch, RDMA_CM_EVENT_DISCONNECTED)))
+		if ((ev = expect_event(ch, RDMA_CM_EVENT_DISCONNECTED, "child")))
 			rdma_ack_cm_event(ev);
 	ibv_dereg_mr(rmr);
 	ibv_dereg_mr(smr);

@@ -23,18 +23,9 @@
 #include <rdma/rdma_cma.h>
 
 #include "check.h"
+#include "rc_loopback.h"
 
 #define WAIT_MS 10000
-
-static const uint8_t LO_GID[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
 {
@@ -44,41 +35,6 @@ static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
 	while (n == 0 && now_ms() < deadline)
 		n = ibv_poll_cq(cq, 1, wc);
 	return n == 1 && wc->status == IBV_WC_SUCCESS;
-}
-
-static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn)
-{
-	struct ibv_qp_attr at;
-
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_INIT;
-	at.port_num = 1;
-	at.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-	if (ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTR;
-	at.path_mtu = IBV_MTU_1024;
-	at.dest_qp_num = remote_qpn;
-	at.max_dest_rd_atomic = 1;
-	at.min_rnr_timer = 12;
-	at.ah_attr.is_global = 1;
-	memcpy(at.ah_attr.grh.dgid.raw, LO_GID, 16);
-	at.ah_attr.grh.hop_limit = 64;
-	at.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &at,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTS;
-	at.timeout = 14;
-	at.retry_cnt = 7;
-	at.rnr_retry = 7;
-	at.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &at,
-			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				     IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 /* rxe_lo: PD, a CQ armed on a completion channel, two connected RC QPs, one verified SEND. */
@@ -112,7 +68,8 @@ static int verbs_open(struct verbs_side *v, struct ibv_device *dev)
 	CHECK(v->ch && v->pd && v->cq && v->mr && v->a && v->b, "rxe_lo: channel, PD, CQ, MR, two RC QPs");
 	if (!v->a || !v->b || !v->mr)
 		return -1;
-	int r = to_rts(v->a, v->b->qp_num) || to_rts(v->b, v->a->qp_num);
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	int r = rc_to_rts(v->a, v->b->qp_num, access) || rc_to_rts(v->b, v->a->qp_num, access);
 	CHECK(r == 0, "rxe_lo: both QPs reach RTS (errno %d)", errno);
 	if (r)
 		return -1;
@@ -154,22 +111,6 @@ struct cm_side {
 	char rbuf[256], sbuf[256];
 };
 
-static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type)
-{
-	struct rdma_cm_event *ev = NULL;
-
-	if (rdma_get_cm_event(ch, &ev)) {
-		CHECK(0, "rdma_get_cm_event: %s", strerror(errno));
-		return NULL;
-	}
-	if (ev->event != type) {
-		CHECK(0, "event %s (want %s), status %d", rdma_event_str(ev->event), rdma_event_str(type), ev->status);
-		rdma_ack_cm_event(ev);
-		return NULL;
-	}
-	return ev;
-}
-
 static int cm_open(struct cm_side *c)
 {
 	struct rdma_cm_event *ev;
@@ -188,16 +129,16 @@ static int cm_open(struct cm_side *c)
 	CHECK(rdma_create_id(c->ch, &c->cid, NULL, RDMA_PS_TCP) == 0 &&
 		      rdma_resolve_addr(c->cid, NULL, (struct sockaddr *)&dst, 2000) == 0,
 	      "rdma_cm: rdma_resolve_addr");
-	if (!(ev = expect(c->ch, RDMA_CM_EVENT_ADDR_RESOLVED)))
+	if (!(ev = expect_event(c->ch, RDMA_CM_EVENT_ADDR_RESOLVED, "rdma_cm")))
 		return -1;
 	rdma_ack_cm_event(ev);
 	CHECK(rdma_resolve_route(c->cid, 2000) == 0, "rdma_cm: rdma_resolve_route");
-	if (!(ev = expect(c->ch, RDMA_CM_EVENT_ROUTE_RESOLVED)))
+	if (!(ev = expect_event(c->ch, RDMA_CM_EVENT_ROUTE_RESOLVED, "rdma_cm")))
 		return -1;
 	rdma_ack_cm_event(ev);
 	CHECK(rdma_create_qp(c->cid, NULL, &attr) == 0 && rdma_connect(c->cid, NULL) == 0,
 	      "rdma_cm: client QP, rdma_connect");
-	if (!(ev = expect(c->ch, RDMA_CM_EVENT_CONNECT_REQUEST)))
+	if (!(ev = expect_event(c->ch, RDMA_CM_EVENT_CONNECT_REQUEST, "rdma_cm")))
 		return -1;
 	c->sid = ev->id;
 	rdma_ack_cm_event(ev);
@@ -216,7 +157,7 @@ static int cm_open(struct cm_side *c)
 	CHECK(ibv_post_recv(c->sid->qp, &rwr, &bad_r) == 0 && rdma_accept(c->sid, NULL) == 0,
 	      "rdma_cm: a receive posted, rdma_accept");
 	for (int i = 0; i < 2; i++) {
-		if (!(ev = expect(c->ch, RDMA_CM_EVENT_ESTABLISHED)))
+		if (!(ev = expect_event(c->ch, RDMA_CM_EVENT_ESTABLISHED, "rdma_cm")))
 			return -1;
 		rdma_ack_cm_event(ev);
 	}
@@ -237,7 +178,7 @@ static void cm_close(struct cm_side *c)
 
 	CHECK(rdma_disconnect(c->cid) == 0, "rdma_cm: rdma_disconnect after the idle time");
 	for (int i = 0; i < 2; i++)
-		if ((ev = expect(c->ch, RDMA_CM_EVENT_DISCONNECTED)))
+		if ((ev = expect_event(c->ch, RDMA_CM_EVENT_DISCONNECTED, "rdma_cm")))
 			rdma_ack_cm_event(ev);
 	ibv_dereg_mr(c->rmr);
 	ibv_dereg_mr(c->smr);
