@@ -246,7 +246,6 @@ impl Reactor {
         }
     }
 
-    /// Number of registered sources (for leak checks).
     /// Withdraws the timer set for `token` at exactly `deadline` (one that is no longer
     /// wanted, such as a handshake's bound once the connection is up), so that it never wakes
     /// the progress thread. A source still ignores a timer event it did not expect.
@@ -256,6 +255,7 @@ impl Reactor {
             .retain(|Reverse((d, t))| !(*t == token && *d == deadline));
     }
 
+    /// Number of registered sources (for leak checks).
     pub fn source_count(&self) -> usize {
         self.lock().sources.len()
     }
