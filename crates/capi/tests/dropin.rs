@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use common::{binary, dropin_dir, lo_config, run, LIB, LINKS};
+use common::{binary, dropin_dir, lo_config, run, LIB, LINKS, RXE_LO};
 use softrdma_verbs::device::{format_guid, list_devices};
 
 /// The 19 binaries of abi.md (ibverbs-utils, rdmacm-utils, perftest).
@@ -384,7 +384,6 @@ fn ibv_devinfo_verbose_shows_the_device() {
 }
 
 /// A config with `siw_lo` and `rxe_lo`, in that order.
-const RXE_LO: &str = "\n[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n";
 
 #[test]
 fn ibv_devinfo_verbose_shows_the_roce_device() {

@@ -12,8 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const RXE_LO: &str = "\n[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n";
-
 /// How long the process is watched.
 const IDLE: Duration = Duration::from_secs(10);
 
@@ -58,7 +56,7 @@ struct Idle {
 /// Starts `idle.c` (in `CARGO_TARGET_TMPDIR/capi-idle-<tag>-<pid>`) with `env` added.
 fn start_idle(tag: &str, env: &[(&str, &str)]) -> Idle {
     let exe = common::compile_c("idle", common::dropin_dir().join("libibverbs.so.1").as_os_str());
-    let cfg = common::lo_config("capi-config-idle", RXE_LO);
+    let cfg = common::lo_config("capi-config-idle", common::RXE_LO);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-idle-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

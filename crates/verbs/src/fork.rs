@@ -25,9 +25,9 @@
 //! The handlers are installed on the first use of any per-process value ([`install`]).
 //! `prepare` waits for the helper threads' rounds to end ([`crate::fork_gate`]) and parks the
 //! progress thread between two rounds (so that none holds an allocator lock at the fork, see
-//! `progress::ForkHold`), then takes the reactor's lock and the
-//! tracked-fd lock (both leaf locks), so the child finds consistent tables; `parent` releases them; `child` does only async-signal-safe work
-//! (`open`, `dup3`, `close`, atomics) besides unlocking.
+//! `progress::ForkHold`), then takes the reactor's lock and the tracked-fd lock (both leaf
+//! locks), so the child finds consistent tables; `parent` releases them; `child` does only
+//! async-signal-safe work (`open`, `dup3`, `close`, atomics) besides unlocking.
 
 use std::cell::RefCell;
 use std::os::fd::{AsRawFd, RawFd};

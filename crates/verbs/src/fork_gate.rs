@@ -14,7 +14,7 @@
 //! fast path. Sleeping and blocking between rounds happen outside the gate.
 
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a fork waits for the rounds in progress to end before it goes ahead regardless.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -67,14 +67,9 @@ pub(crate) struct Closed {
 pub(crate) fn close() -> Closed {
     let mut g = gate();
     g.closed = true;
-    let deadline = Instant::now() + CLOSE_WAIT;
-    while g.busy > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        g = CHANGED.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
-    }
+    let (g, _) = CHANGED
+        .wait_timeout_while(g, CLOSE_WAIT, |g| g.busy > 0)
+        .unwrap_or_else(PoisonError::into_inner);
     Closed { gate: Some(g) }
 }
 
@@ -104,6 +99,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    use std::time::Instant;
 
     #[test]
     fn close_waits_for_a_round_and_holds_new_ones_back() {

@@ -394,18 +394,10 @@ impl ForkHold {
         let mut st = reactor.lock();
         st.fork_pause = true;
         reactor.wake();
-        let deadline = Instant::now() + FORK_PARK_WAIT;
-        while !st.parked {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            st = reactor
-                .fork_cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let (st, _) = reactor
+            .fork_cv
+            .wait_timeout_while(st, FORK_PARK_WAIT, |st| !st.parked)
+            .unwrap_or_else(|p| p.into_inner());
         Some(ForkHold {
             reactor,
             state: Some(st),

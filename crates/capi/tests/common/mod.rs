@@ -196,6 +196,9 @@ pub fn binary(name: &str) -> PathBuf {
     p
 }
 
+/// The `extra` lines of [`lo_config`] that add the soft-RoCE device `rxe_lo` on `lo`.
+pub const RXE_LO: &str = "\n[[device]]\nname = \"rxe_lo\"\ntransport = \"roce\"\nnetdev = \"lo\"\n";
+
 /// A `SOFTRDMA_CONFIG` file with one device `siw_lo` on `lo`, plus `extra` lines. Replaced
 /// atomically (write + rename), so a process of a concurrent test never reads it half-written.
 pub fn lo_config(dir_name: &str, extra: &str) -> PathBuf {
