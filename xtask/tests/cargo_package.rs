@@ -2,6 +2,12 @@
 //! packs each crate and builds it from its `.crate` alone, the path dependencies resolved
 //! against the crates packed just before (cargo's local registry overlay); each archive carries
 //! both license texts and the README, and its manifest the fields crates.io shows.
+//!
+//! `cargo package` runs with a CARGO_HOME of its own ([`FreshSources`]). Cargo extracts each
+//! crate of that overlay registry once, under `$CARGO_HOME/registry/src/-<hash of the
+//! registry's path>/`, and reuses the extraction whenever a crate of the same name and version
+//! comes again. A clone at the same path (CI's) would then build today's crates against the
+//! sources of an earlier run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,6 +44,40 @@ fn cargo() -> Command {
         }
     }
     c
+}
+
+/// A CARGO_HOME for one run: the registry index and downloaded `.crate`s are the user's
+/// (symlinked, nothing is downloaded twice), the extracted sources are new. Removed on drop.
+struct FreshSources(PathBuf);
+
+impl FreshSources {
+    fn new() -> Self {
+        let home = std::env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+            .expect("CARGO_HOME or HOME");
+        let dir = std::env::temp_dir().join(format!("softrdma-package-home-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("registry")).expect("create the run's CARGO_HOME");
+        for shared in ["registry/index", "registry/cache"] {
+            let from = home.join(shared);
+            if from.exists() {
+                std::os::unix::fs::symlink(&from, dir.join(shared)).expect("link the registry");
+            }
+        }
+        for file in ["config.toml", "config", "credentials.toml"] {
+            if home.join(file).exists() {
+                std::os::unix::fs::symlink(home.join(file), dir.join(file)).expect("link config");
+            }
+        }
+        FreshSources(dir)
+    }
+}
+
+impl Drop for FreshSources {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The workspace's target directory, from `cargo metadata`.
@@ -80,7 +120,9 @@ fn tar_read(archive: &Path, member: &str) -> String {
 
 #[test]
 fn every_crate_packages_and_builds_from_its_archive() {
+    let home = FreshSources::new();
     let out = cargo()
+        .env("CARGO_HOME", &home.0)
         .args(["package", "--workspace", "--exclude", "xtask", "--allow-dirty"])
         .output()
         .expect("run cargo package");
