@@ -288,17 +288,24 @@ impl Cq {
         if self.is_stale() {
             return 0;
         }
-        let n = {
-            let Ok(mut st) = self.inner.state.lock() else { return 0 };
-            let n = out.len().min(st.entries.len());
-            for slot in out.iter_mut().take(n) {
-                if let Some(wc) = st.entries.pop_front() {
-                    *slot = wc;
-                }
-            }
-            n
-        };
+        let mut n = self.take(out);
+        // Nothing yet: receive on this thread what may be waiting in a socket (see
+        // `caller_step`), and look once more.
+        if n == 0 && !out.is_empty() && crate::caller_step::run() {
+            n = self.take(out);
+        }
         yield_if_spinning(n == 0);
+        n
+    }
+
+    fn take(&self, out: &mut [WorkCompletion]) -> usize {
+        let Ok(mut st) = self.inner.state.lock() else { return 0 };
+        let n = out.len().min(st.entries.len());
+        for slot in out.iter_mut().take(n) {
+            if let Some(wc) = st.entries.pop_front() {
+                *slot = wc;
+            }
+        }
         n
     }
 
@@ -307,7 +314,10 @@ impl Cq {
         if self.is_stale() {
             return None;
         }
-        let wc = self.inner.state.lock().ok()?.entries.pop_front();
+        let mut wc = self.inner.state.lock().ok()?.entries.pop_front();
+        if wc.is_none() && crate::caller_step::run() {
+            wc = self.inner.state.lock().ok()?.entries.pop_front();
+        }
         yield_if_spinning(wc.is_none());
         wc
     }

@@ -8,6 +8,7 @@
 
 pub mod ah;
 pub mod async_event;
+pub mod caller_step;
 pub mod channel;
 pub mod context;
 pub mod cq;

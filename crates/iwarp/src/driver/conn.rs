@@ -135,6 +135,22 @@ impl QpDriver for ConnHandle {
             self.conn.reactor.kick(*t);
         }
     }
+
+    /// New sends go into the socket on the poster's thread when no other thread is inside
+    /// the connection (else the progress thread sends them): the same round the progress
+    /// thread runs, without reading.
+    fn posted(&self) {
+        let sent = match self.conn.st.try_lock() {
+            Ok(mut st) if matches!(st.phase, Phase::Established { .. }) => {
+                self.conn.on_established(&mut st, Event::default());
+                true
+            }
+            _ => false,
+        };
+        if !sent {
+            self.kick();
+        }
+    }
 }
 
 impl ConnHandle {

@@ -6,6 +6,7 @@ use super::net::{self, ROCE_PORT};
 use super::qpn::{make_qpn, split_qpn, GSI_QPN, MULTICAST_QPN, QPS_PER_PORT};
 use super::slot::Slot;
 use super::stats::DriverCounters;
+use softrdma_verbs::caller_step::CallerStep;
 use softrdma_verbs::fork::{CloseInChild, PerProcess};
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::{Errno, Error, Result};
@@ -90,6 +91,10 @@ pub(crate) struct Endpoint {
     opening: Mutex<()>,
     local_addrs: Mutex<Option<(Instant, HashMap<IpAddr, u32>)>>,
     internal: Mutex<std::collections::VecDeque<(Vec<u8>, Origin)>>,
+    /// Held by the thread that reads the UDP sockets and the internal queue: the progress
+    /// thread, or a polling application thread ([`CallerStep`]). One reader at a time keeps
+    /// the datagrams of a QP in their order.
+    rx: Mutex<()>,
     direct: bool,
     pub(crate) handler: RwLock<Option<Arc<dyn crate::gsi::MadHandler>>>,
     /// Counters for tools and tests.
@@ -112,6 +117,31 @@ struct Driven(Arc<Endpoint>);
 impl Source for Driven {
     fn on_event(&self, token: Token, ev: Event) {
         self.0.on_event(token, ev);
+    }
+}
+
+impl CallerStep for Driven {
+    /// A polling application's round: what waits in the sockets and the internal queue, read
+    /// and processed on its thread, unless another thread is reading them right now.
+    fn step(&self) -> bool {
+        let ep = &self.0;
+        let Ok(_rx) = ep.rx.try_lock() else { return false };
+        let before = ep.counters.rx_datagrams.load(Ordering::Relaxed);
+        let mut any = ep.run_internal();
+        // A copy, the lock released before the loop: a `for` keeps its iterator expression's
+        // temporaries (the guard) alive to the end, and receiving takes `homes` again while a
+        // closing QP may be waiting to write it (a writer-preferring lock: deadlock).
+        let homes: Vec<Arc<Home>> = ep.homes.read().unwrap_or_else(|p| p.into_inner()).clone();
+        for h in homes {
+            ep.drain_udp(&h.sock, h.port, true);
+        }
+        if let Some(s) = &ep.shared {
+            ep.drain_udp(s, ep.roce_port(), false);
+        }
+        any |= ep.counters.rx_datagrams.load(Ordering::Relaxed) != before;
+        drop(_rx);
+        ep.flush_dirty();
+        any
     }
 }
 
@@ -162,6 +192,7 @@ impl Endpoint {
             opening: Mutex::new(()),
             local_addrs: Mutex::new(None),
             internal: Mutex::new(std::collections::VecDeque::new()),
+            rx: Mutex::new(()),
             direct: !softrdma_verbs::settings::ROCE_LOCAL.is("standard"),
             handler: RwLock::new(None),
             counters: DriverCounters::default(),
@@ -171,6 +202,7 @@ impl Endpoint {
         let control = reactor.add(Arc::new(Driven(ep.clone())));
         let _ = ep.control.set(control);
         lock(&ep.roles).insert(control, Role::Control);
+        softrdma_verbs::caller_step::add(Arc::new(Driven(ep.clone())));
         if let Some(s) = &ep.shared {
             let t = reactor
                 .register(s.as_raw_fd(), READ, Arc::new(Driven(ep.clone())))
@@ -390,18 +422,23 @@ impl Endpoint {
         match role {
             Some(Role::Shared) => {
                 if let Some(s) = &self.shared {
+                    let _rx = lock(&self.rx);
                     self.drain_udp(s, self.roce_port(), false);
                 }
             }
             Some(Role::HomeUdp(port)) => {
                 if let Some(h) = self.home_by_port(port) {
+                    let _rx = lock(&self.rx);
                     self.drain_udp(&h.sock, h.port, true);
                 }
             }
             Some(Role::Service(sid)) => self.drain_service(sid),
             Some(Role::Control) => {
                 if ev.kicked {
-                    self.run_internal();
+                    {
+                        let _rx = lock(&self.rx);
+                        self.run_internal();
+                    }
                     self.run_pending();
                 }
                 if ev.timer {
@@ -748,13 +785,17 @@ impl Endpoint {
         }
     }
 
-    fn run_internal(&self) {
+    /// Processes the datagrams looped back inside this process; true if there were any.
+    fn run_internal(&self) -> bool {
+        let mut any = false;
         loop {
             let Some((datagram, origin)) = lock(&self.internal).pop_front() else {
                 break;
             };
+            any = true;
             self.on_datagram(&datagram, origin, false);
         }
+        any
     }
 
     fn run_pending(&self) {

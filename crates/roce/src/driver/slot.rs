@@ -317,6 +317,28 @@ impl Slot {
         self.flush(ep, guard.as_mut(), now)
     }
 
+    /// New sends, on the poster's thread: the engine takes the new WQEs and transmits what
+    /// its window allows at once, unless another thread is inside it (then false: the
+    /// progress thread must do it). What the window holds back leaves as ACKs come in, on
+    /// the progress thread, and the engine's next deadline is armed there.
+    pub(crate) fn try_send_now(&self, ep: &Endpoint) -> bool {
+        let mut guard = match self.engine.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let now = Instant::now();
+        match guard.as_mut() {
+            Some(Engine::Rc { eng, .. }) => eng.sync_state(now),
+            Some(Engine::Ud { eng, .. }) => eng.sync_state(now),
+            None => return false,
+        }
+        let next = self.flush(ep, guard.as_mut(), now);
+        drop(guard);
+        ep.schedule(next);
+        true
+    }
+
     /// Timer expiry check. Returns the engine's next deadline. A peer found lost is
     /// reported ([`crate::liveness`]) once, after the engine's lock is released.
     pub(crate) fn on_timer(&self, ep: &Endpoint, now: Instant) -> Option<Instant> {
@@ -484,6 +506,14 @@ impl QpDriver for RoceQp {
     fn kick_deferred(&self) {
         if let Ok(ep) = self.endpoint() {
             ep.kick(self.slot.qpn);
+        }
+    }
+
+    fn posted(&self) {
+        if let Ok(ep) = self.endpoint() {
+            if !self.slot.try_send_now(&ep) {
+                ep.kick(self.slot.qpn);
+            }
         }
     }
 }

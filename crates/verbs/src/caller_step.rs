@@ -1,0 +1,65 @@
+//! Progress on the caller's thread: what an application thread that polls an empty CQ may
+//! do itself instead of waiting for the progress thread.
+//!
+//! Polling applications (perftest, UCX, MPI) spin on `ibv_poll_cq`. When the completion they
+//! wait for is a packet still sitting in a socket, waking the progress thread to read it costs
+//! a cross-CPU wakeup (tens of µs on a VM). So a transport registers a step here: a bounded,
+//! non-blocking receive-and-process round that takes its locks with `try_lock` (the progress
+//! thread may be doing the same work: then the step does nothing). [`Cq::poll`](crate::cq::Cq::poll)
+//! runs the steps when it finds nothing, and looks again.
+
+use crate::fork::PerProcess;
+use std::sync::{Arc, RwLock};
+
+/// A transport's receive step for a polling caller.
+pub trait CallerStep: Send + Sync {
+    /// One bounded, non-blocking round; true if it processed anything.
+    fn step(&self) -> bool;
+}
+
+static STEPS: PerProcess<RwLock<Vec<Arc<dyn CallerStep>>>> = PerProcess::new();
+
+fn steps() -> &'static RwLock<Vec<Arc<dyn CallerStep>>> {
+    STEPS.get_or_init(|| RwLock::new(Vec::new()))
+}
+
+/// Registers a step for the life of the process (of this fork generation).
+pub fn add(step: Arc<dyn CallerStep>) {
+    steps().write().unwrap_or_else(|p| p.into_inner()).push(step);
+}
+
+/// Runs every registered step once; true if one processed anything.
+pub fn run() -> bool {
+    let Some(list) = STEPS.get() else { return false };
+    let list: Vec<Arc<dyn CallerStep>> = list.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut any = false;
+    for s in list {
+        any |= s.step();
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    struct Count(AtomicU32);
+
+    impl CallerStep for Count {
+        fn step(&self) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst) == 0
+        }
+    }
+
+    #[test]
+    fn a_registered_step_runs_and_reports_its_work() {
+        let c = Arc::new(Count(AtomicU32::new(0)));
+        add(c.clone());
+        assert!(run(), "the first round did something");
+        assert!(c.0.load(Ordering::SeqCst) >= 1);
+        let before = c.0.load(Ordering::SeqCst);
+        run();
+        assert!(c.0.load(Ordering::SeqCst) > before);
+    }
+}
