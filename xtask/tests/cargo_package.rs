@@ -3,11 +3,15 @@
 //! against the crates packed just before (cargo's local registry overlay); each archive carries
 //! both license texts and the README, and its manifest the fields crates.io shows.
 //!
-//! `cargo package` runs with a CARGO_HOME of its own ([`FreshSources`]). Cargo extracts each
-//! crate of that overlay registry once, under `$CARGO_HOME/registry/src/-<hash of the
-//! registry's path>/`, and reuses the extraction whenever a crate of the same name and version
-//! comes again. A clone at the same path (CI's) would then build today's crates against the
-//! sources of an earlier run.
+//! `cargo package` runs in a sandbox of its own ([`PackageSandbox`]): its own CARGO_HOME and
+//! its own target directory.
+//! - CARGO_HOME: cargo extracts each crate of the overlay registry once, under
+//!   `$CARGO_HOME/registry/src/-<hash of the registry's path>/`, and reuses the extraction
+//!   whenever a crate of the same name and version comes again. A clone at the same path (CI's)
+//!   would then build today's crates against the sources of an earlier run.
+//! - Target directory: with another CARGO_HOME the dependencies' sources have other paths, so
+//!   the verification rebuilds them under the same file names; in the workspace's target
+//!   directory that replaced the rlibs the workspace's doctests (run last) link against.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,56 +50,48 @@ fn cargo() -> Command {
     c
 }
 
-/// A CARGO_HOME for one run: the registry index and downloaded `.crate`s are the user's
-/// (symlinked, nothing is downloaded twice), the extracted sources are new. Removed on drop.
-struct FreshSources(PathBuf);
+/// A CARGO_HOME and a target directory for one `cargo package` run: the registry index and
+/// the downloaded `.crate`s are the user's (symlinked, nothing is downloaded twice), the
+/// extracted sources and every build output are new. Removed on drop.
+struct PackageSandbox(PathBuf);
 
-impl FreshSources {
+impl PackageSandbox {
     fn new() -> Self {
         let home = std::env::var_os("CARGO_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
             .expect("CARGO_HOME or HOME");
-        let dir = std::env::temp_dir().join(format!("softrdma-package-home-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("softrdma-package-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("registry")).expect("create the run's CARGO_HOME");
+        let sandbox = PackageSandbox(dir);
+        std::fs::create_dir_all(sandbox.home().join("registry")).expect("create the run's CARGO_HOME");
         for shared in ["registry/index", "registry/cache"] {
             let from = home.join(shared);
             if from.exists() {
-                std::os::unix::fs::symlink(&from, dir.join(shared)).expect("link the registry");
+                std::os::unix::fs::symlink(&from, sandbox.home().join(shared)).expect("link the registry");
             }
         }
         for file in ["config.toml", "config", "credentials.toml"] {
             if home.join(file).exists() {
-                std::os::unix::fs::symlink(home.join(file), dir.join(file)).expect("link config");
+                std::os::unix::fs::symlink(home.join(file), sandbox.home().join(file)).expect("link config");
             }
         }
-        FreshSources(dir)
+        sandbox
+    }
+
+    fn home(&self) -> PathBuf {
+        self.0.join("home")
+    }
+
+    fn target(&self) -> PathBuf {
+        self.0.join("target")
     }
 }
 
-impl Drop for FreshSources {
+impl Drop for PackageSandbox {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// The workspace's target directory, from `cargo metadata`.
-fn target_dir() -> PathBuf {
-    let out = cargo()
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .output()
-        .expect("run cargo metadata");
-    assert!(
-        out.status.success(),
-        "cargo metadata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = String::from_utf8(out.stdout).expect("UTF-8 metadata");
-    let key = "\"target_directory\":\"";
-    let start = json.find(key).expect("target_directory in cargo metadata") + key.len();
-    let end = start + json[start..].find('"').expect("end of target_directory");
-    PathBuf::from(&json[start..end])
 }
 
 fn tar_list(archive: &Path) -> Vec<String> {
@@ -120,9 +116,10 @@ fn tar_read(archive: &Path, member: &str) -> String {
 
 #[test]
 fn every_crate_packages_and_builds_from_its_archive() {
-    let home = FreshSources::new();
+    let sandbox = PackageSandbox::new();
     let out = cargo()
-        .env("CARGO_HOME", &home.0)
+        .env("CARGO_HOME", sandbox.home())
+        .env("CARGO_TARGET_DIR", sandbox.target())
         .args(["package", "--workspace", "--exclude", "xtask", "--allow-dirty"])
         .output()
         .expect("run cargo package");
@@ -136,7 +133,7 @@ fn every_crate_packages_and_builds_from_its_archive() {
     }
 
     let version = env!("CARGO_PKG_VERSION");
-    let dir = target_dir().join("package");
+    let dir = sandbox.target().join("package");
     for krate in CRATES {
         let archive = dir.join(format!("{krate}-{version}.crate"));
         let files = tar_list(&archive);
