@@ -383,8 +383,6 @@ fn ibv_devinfo_verbose_shows_the_device() {
     assert!(!r.stdout.contains("Failed") && r.stderr.is_empty(), "{}", r.describe());
 }
 
-/// A config with `siw_lo` and `rxe_lo`, in that order.
-
 #[test]
 fn ibv_devinfo_verbose_shows_the_roce_device() {
     let cfg = lo_config("capi-config-rxe-devinfo", RXE_LO);

@@ -23,6 +23,7 @@
 #include <infiniband/verbs.h>
 
 #include "check.h"
+#include "rc_loopback.h"
 
 /* Waits (at most `ms`) for the next async event; 0 if one was read into *ev. */
 static int next_event(struct ibv_context *ctx, struct ibv_async_event *ev, int ms)
@@ -33,50 +34,12 @@ static int next_event(struct ibv_context *ctx, struct ibv_async_event *ev, int m
 	return ibv_get_async_event(ctx, ev);
 }
 
-static int rtr_to_rts(struct ibv_qp *qp, uint8_t timeout, uint8_t retry);
-
-/* RESET -> INIT -> RTR, connected to remote_qpn. */
-static int to_rtr(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote_qpn;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.sgid_index = 0;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-}
-
-static int rtr_to_rts(struct ibv_qp *qp, uint8_t timeout, uint8_t retry)
-{
-	struct ibv_qp_attr a;
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = timeout;
-	a.retry_cnt = retry;
-	a.rnr_retry = 0;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-					     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-}
-
+/* RESET -> INIT -> RTR -> RTS, connected to remote_qpn; no RNR retries. */
 static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid, uint8_t timeout, uint8_t retry)
 {
-	if (to_rtr(qp, remote_qpn, gid))
+	if (rc_to_rtr(qp, remote_qpn, gid, IBV_ACCESS_REMOTE_WRITE))
 		return -1;
-	return rtr_to_rts(qp, timeout, retry);
+	return rc_rtr_to_rts(qp, timeout, retry, 0);
 }
 
 static int send_one(struct ibv_qp *qp, struct ibv_mr *mr, uint64_t id)
@@ -133,7 +96,8 @@ int main(void)
 	CHECK(sender && receiver, "two RC QPs, the receiver on the SRQ");
 	/* timeout 8 (~1 ms), 1 retry: the sender gives up quickly once the receiver is gone. The
 	 * receiver stays in RTR for the first message: COMM_EST. */
-	CHECK(to_rts(sender, receiver->qp_num, &gid, 8, 1) == 0 && to_rtr(receiver, sender->qp_num, &gid) == 0,
+	CHECK(to_rts(sender, receiver->qp_num, &gid, 8, 1) == 0 &&
+		      rc_to_rtr(receiver, sender->qp_num, &gid, IBV_ACCESS_REMOTE_WRITE) == 0,
 	      "sender in RTS, receiver in RTR");
 
 	for (int i = 0; i < 10; i++) {
@@ -154,7 +118,7 @@ int main(void)
 	CHECK(next_event(ctx, &ev, 2000) == 0 && ev.event_type == IBV_EVENT_COMM_EST && ev.element.qp == receiver,
 	      "COMM_EST for the receiver (its first packet, in RTR)");
 	ibv_ack_async_event(&ev);
-	CHECK(rtr_to_rts(receiver, 8, 1) == 0, "receiver to RTS");
+	CHECK(rc_rtr_to_rts(receiver, 8, 1, 0) == 0, "receiver to RTS");
 	sent = 0;
 	for (int i = 0; i < 2; i++) {
 		if (send_one(sender, mr, i) == 0 && wait_wc(cq, &wc) && wait_wc(cq, &wc))
