@@ -77,6 +77,8 @@ enum Role {
 pub(crate) struct Endpoint {
     reactor: &'static Arc<Reactor>,
     shared: Option<net::RoceSocket>,
+    /// The shared socket's port, read once (`getsockname` on every poll showed in profiles).
+    roce_port: u16,
     homes: RwLock<Vec<Arc<Home>>>,
     roles: Mutex<HashMap<Token, Role>>,
     control: OnceLock<Token>,
@@ -111,6 +113,11 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// Receive batches (of [`net::BATCH`] datagrams) a polling caller reads per socket in one
+/// step. The step is bounded so that `ibv_poll_cq` returns soon; what is left stays readable
+/// (level-triggered epoll) for the next poll or the progress thread.
+const CALLER_BATCHES: usize = 2;
+
 /// The reactor calls the endpoint through this (the endpoint lives for the whole process).
 struct Driven(Arc<Endpoint>);
 
@@ -133,10 +140,10 @@ impl CallerStep for Driven {
         // closing QP may be waiting to write it (a writer-preferring lock: deadlock).
         let homes: Vec<Arc<Home>> = ep.homes.read().unwrap_or_else(|p| p.into_inner()).clone();
         for h in homes {
-            ep.drain_udp(&h.sock, h.port, true);
+            ep.drain_udp(&h.sock, h.port, true, CALLER_BATCHES);
         }
         if let Some(s) = &ep.shared {
-            ep.drain_udp(s, ep.roce_port(), false);
+            ep.drain_udp(s, ep.roce_port(), false, CALLER_BATCHES);
         }
         any |= ep.counters.rx_datagrams.load(Ordering::Relaxed) != before;
         drop(_rx);
@@ -176,9 +183,15 @@ impl Endpoint {
                 None
             }
         };
+        let roce_port = shared
+            .as_ref()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.port())
+            .unwrap_or(port);
         let ep = Arc::new(Endpoint {
             reactor,
             shared,
+            roce_port,
             homes: RwLock::new(Vec::new()),
             roles: Mutex::new(HashMap::new()),
             control: OnceLock::new(),
@@ -218,11 +231,7 @@ impl Endpoint {
 
     /// The UDP port datagrams are sent to (4791 unless `SOFTRDMA_ROCE_PORT` says otherwise).
     pub(crate) fn roce_port(&self) -> u16 {
-        self.shared
-            .as_ref()
-            .and_then(|s| s.local_addr().ok())
-            .map(|a| a.port())
-            .unwrap_or(ROCE_PORT)
+        self.roce_port
     }
 
     /// Reserves a QPN (opening another home socket when all are full).
@@ -423,13 +432,13 @@ impl Endpoint {
             Some(Role::Shared) => {
                 if let Some(s) = &self.shared {
                     let _rx = lock(&self.rx);
-                    self.drain_udp(s, self.roce_port(), false);
+                    self.drain_udp(s, self.roce_port(), false, usize::MAX);
                 }
             }
             Some(Role::HomeUdp(port)) => {
                 if let Some(h) = self.home_by_port(port) {
                     let _rx = lock(&self.rx);
-                    self.drain_udp(&h.sock, h.port, true);
+                    self.drain_udp(&h.sock, h.port, true, usize::MAX);
                 }
             }
             Some(Role::Service(sid)) => self.drain_service(sid),
@@ -531,10 +540,10 @@ impl Endpoint {
             .any(|h| h.port == port)
     }
 
-    fn drain_udp(&self, sock: &net::RoceSocket, local_port: u16, home: bool) {
+    fn drain_udp(&self, sock: &net::RoceSocket, local_port: u16, home: bool, batches: usize) {
         RX.with(|scratch| {
             let mut rx = scratch.borrow_mut();
-            loop {
+            for _ in 0..batches {
                 let n = match net::recv_batch(sock, &mut rx) {
                     Ok(0) => break,
                     Ok(n) => n,
