@@ -64,6 +64,23 @@ impl std::fmt::Display for KeyError {
 }
 
 impl MrInner {
+    /// A memory region (not a window) under `key` (its lkey and rkey), remotely valid.
+    pub fn region(key: u32, pd_id: u64, iova: u64, access: Access, region: MemRegion) -> MrInner {
+        MrInner {
+            lkey: key,
+            rkey: key,
+            pd_id,
+            iova,
+            access,
+            region: Arc::new(region),
+            remote_valid: AtomicBool::new(true),
+            window: None,
+            bound_qpn: None,
+            parent: None,
+            mw_binds: AtomicU32::new(0),
+        }
+    }
+
     /// Checks `[addr, addr+len)` against the region and `need`; returns the byte offset.
     pub fn check_range(&self, addr: u64, len: u64, need: Access) -> std::result::Result<usize, KeyError> {
         if !self.access.contains(need) {
@@ -138,7 +155,19 @@ pub fn check_remote(
     len: u64,
     need: Access,
 ) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
-    let mr = lookup_key(rkey)?;
+    remote_match(lookup_key(rkey)?, rkey, pd_id, qpn, addr, len, need)
+}
+
+/// [`check_remote`]'s checks of a region already found under `rkey` (in whatever table).
+pub fn remote_match(
+    mr: Arc<MrInner>,
+    rkey: u32,
+    pd_id: u64,
+    qpn: u32,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
     if mr.rkey != rkey || !mr.remote_valid.load(Ordering::Acquire) {
         return Err(KeyError::InvalidKey);
     }
@@ -160,7 +189,18 @@ pub fn check_local(
     len: u64,
     write: bool,
 ) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
-    let mr = lookup_key(lkey)?;
+    local_match(lookup_key(lkey)?, lkey, pd_id, addr, len, write)
+}
+
+/// [`check_local`]'s checks of a region already found under `lkey` (in whatever table).
+pub fn local_match(
+    mr: Arc<MrInner>,
+    lkey: u32,
+    pd_id: u64,
+    addr: u64,
+    len: u64,
+    write: bool,
+) -> std::result::Result<(Arc<MrInner>, usize), KeyError> {
     if mr.lkey != lkey || mr.window.is_some() {
         return Err(KeyError::InvalidKey);
     }
@@ -222,19 +262,7 @@ impl Mr {
             .write()
             .map_err(|_| Error::new(Errno::Io, "reg_mr: key table poisoned"))?;
         let key = new_key(&t);
-        let inner = Arc::new(MrInner {
-            lkey: key,
-            rkey: key,
-            pd_id: pd.id(),
-            iova,
-            access,
-            region: Arc::new(region),
-            remote_valid: AtomicBool::new(true),
-            window: None,
-            bound_qpn: None,
-            parent: None,
-            mw_binds: AtomicU32::new(0),
-        });
+        let inner = Arc::new(MrInner::region(key, pd.id(), iova, access, region));
         t.by_key.insert(key, inner.clone());
         drop(t);
         pd.inner().mr_count.fetch_add(1, Ordering::Relaxed);

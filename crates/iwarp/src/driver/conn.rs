@@ -49,6 +49,8 @@ pub(crate) enum Phase {
     },
     Established {
         engine: Box<Engine>,
+        /// The QP the engine serves (the engine sees it only as a [`QpHost`](softrdma_verbs::QpHost)).
+        qp: Arc<QpInner>,
     },
     Closed,
 }
@@ -173,7 +175,7 @@ impl ConnHandle {
     /// Engine counters (zero before establishment).
     pub fn stats(&self) -> crate::engine::Stats {
         match &self.conn.lock().phase {
-            Phase::Established { engine } => engine.stats,
+            Phase::Established { engine, .. } => engine.stats,
             _ => Default::default(),
         }
     }
@@ -187,14 +189,10 @@ impl ConnHandle {
 impl softrdma_verbs::stats::CounterSource for TcpConn {
     fn qp_stats(&self) -> Option<softrdma_verbs::stats::QpStats> {
         let st = self.lock();
-        let Phase::Established { engine } = &st.phase else {
+        let Phase::Established { engine, qp } = &st.phase else {
             return None;
         };
-        Some(softrdma_verbs::stats::QpStats::of(
-            engine.qp(),
-            "iwarp",
-            engine.stats.counters(),
-        ))
+        Some(softrdma_verbs::stats::QpStats::of(qp, "iwarp", engine.stats.counters()))
     }
 }
 
@@ -296,9 +294,9 @@ impl TcpConn {
 
     /// Closes the socket and leaves the reactor. Emits `ev` if given.
     pub(crate) fn close(&self, st: &mut ConnState, ev: Option<ConnEvent>) {
-        if let Phase::Established { engine } = &mut st.phase {
+        if let Phase::Established { engine, qp } = &mut st.phase {
             engine.local_error("connection closed");
-            engine.qp().detach_driver();
+            qp.detach_driver();
         }
         st.phase = Phase::Closed;
         if st.fin_held.take().is_some() {
@@ -499,11 +497,11 @@ impl TcpConn {
                 {
                     return self.close(st, Some(ConnEvent::ConnectError { reason: e.msg }));
                 }
-                let mut engine = Box::new(Engine::new(qp, cfg));
+                let mut engine = Box::new(Engine::new(qp.clone(), cfg));
                 feed(&mut engine, &rest);
                 tracing::debug!(%peer, crc = neg.crc, rtr = ?neg.rtr, ird = neg.ird, ord = neg.ord, "iWARP connection established (active)");
                 self.end_handshake_timer(&st.phase);
-                st.phase = Phase::Established { engine };
+                st.phase = Phase::Established { engine, qp };
                 Self::emit(
                     st,
                     ConnEvent::Established {
@@ -567,7 +565,9 @@ impl TcpConn {
             last_rx,
             ..
         } = st;
-        let Phase::Established { engine } = phase else { return };
+        let Phase::Established { engine, .. } = phase else {
+            return;
+        };
         let Some(sock) = sock.as_ref() else { return };
         let mut closed: Option<String> = None;
         // Handshake bytes (the MPA Reply) go first.
@@ -635,7 +635,9 @@ impl TcpConn {
             tx_release,
             ..
         } = st;
-        let Phase::Established { engine } = phase else { return };
+        let Phase::Established { engine, .. } = phase else {
+            return;
+        };
         let Some(sock) = sock.as_ref() else { return };
         let mut blocked = !out.is_empty();
         if !blocked && engine.tx_release_pending() {
@@ -678,7 +680,9 @@ impl TcpConn {
                 return;
             }
             let ConnState { phase, .. } = st;
-            let Phase::Established { engine } = phase else { return };
+            let Phase::Established { engine, .. } = phase else {
+                return;
+            };
             let why = engine
                 .close_reason
                 .clone()

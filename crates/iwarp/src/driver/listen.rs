@@ -476,7 +476,10 @@ impl ConnRequest {
         super::conn::feed(&mut engine, &early);
         st.set_out(reply);
         st.set_sink(sink.clone());
-        st.phase = Phase::Established { engine };
+        st.phase = Phase::Established {
+            engine,
+            qp: qp.inner().clone(),
+        };
         conn.publish_counters();
         // Through the connection's own bookkeeping: the data path turns write interest off
         // again once the Reply is out (set directly, it stayed on, and an idle connection woke

@@ -8,7 +8,7 @@
 //! stream completes the entry it names with its error and flushes everything not yet
 //! completed.
 
-use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::{WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 
@@ -118,7 +118,7 @@ impl Inflight {
 
     /// A READ (or the RTR READ) with sequence `seq` completed: it and everything before it is
     /// complete (RFC 5040 orders a Read Response after every message sent before its request).
-    pub fn confirm_through(&mut self, seq: u64, qp: &QpInner) {
+    pub fn confirm_through(&mut self, seq: u64, qp: &dyn QpHost) {
         for e in self.entries.iter_mut() {
             if e.seq > seq {
                 break;
@@ -141,13 +141,13 @@ impl Inflight {
     }
 
     /// Completes confirmed entries from the head, in order.
-    pub fn release(&mut self, qp: &QpInner) {
+    pub fn release(&mut self, qp: &dyn QpHost) {
         while self.entries.front().is_some_and(|e| e.done) {
             let Some(e) = self.entries.pop_front() else { break };
             if e.is_rtr() {
                 continue;
             }
-            let mut wc = WorkCompletion::new(e.wr_id, WcStatus::Success, e.opcode(), qp.qpn);
+            let mut wc = WorkCompletion::new(e.wr_id, WcStatus::Success, e.opcode(), qp.qpn());
             wc.byte_len = e.byte_len;
             qp.complete_send(wc, e.signaled);
         }
@@ -169,7 +169,7 @@ impl Inflight {
     /// it in the stream was processed by the peer), and flushes the rest: an entry behind the
     /// failed one, or behind an unanswered READ, flushes even if its bytes had left (the peer
     /// stopped processing before it).
-    pub fn fail(&mut self, seq: Option<u64>, status: WcStatus, vendor_err: u32, qp: &QpInner) {
+    pub fn fail(&mut self, seq: Option<u64>, status: WcStatus, vendor_err: u32, qp: &dyn QpHost) {
         if let Some(seq) = seq {
             self.confirm_before(seq);
         }
@@ -183,7 +183,7 @@ impl Inflight {
             } else {
                 WcStatus::WrFlushErr
             };
-            let mut wc = WorkCompletion::new(e.wr_id, st, e.opcode(), qp.qpn);
+            let mut wc = WorkCompletion::new(e.wr_id, st, e.opcode(), qp.qpn());
             if st != WcStatus::WrFlushErr {
                 wc.vendor_err = vendor_err;
             }

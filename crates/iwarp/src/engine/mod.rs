@@ -21,11 +21,13 @@ mod term;
 mod tx;
 
 #[cfg(test)]
+mod plain_host_tests;
+#[cfg(test)]
 mod tests;
 
 use inflight::Inflight;
 use softrdma_verbs::mr::MrInner;
-use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::RecvWr;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -171,7 +173,7 @@ impl Stats {
 /// The engine.
 #[derive(Debug)]
 pub struct Engine {
-    qp: Arc<QpInner>,
+    qp: Arc<dyn QpHost>,
     cfg: EngineConfig,
     phase: Phase,
     // transmit
@@ -206,7 +208,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine for a QP whose connection just completed MPA setup.
-    pub fn new(qp: Arc<QpInner>, cfg: EngineConfig) -> Engine {
+    pub fn new(qp: Arc<dyn QpHost>, cfg: EngineConfig) -> Engine {
         let rtr_pending = cfg.rtr.filter(|_| cfg.initiator);
         Engine {
             qp,
@@ -238,7 +240,7 @@ impl Engine {
     }
 
     /// The QP this engine serves.
-    pub fn qp(&self) -> &Arc<QpInner> {
+    pub fn qp(&self) -> &Arc<dyn QpHost> {
         &self.qp
     }
 
@@ -304,7 +306,7 @@ impl Engine {
             // An error, not the end of the stream (a disconnect flushes, as in Linux siw).
             qp.report_fatal();
         }
-        self.inflight.fail(target, status, vendor_err, &qp);
+        self.inflight.fail(target, status, vendor_err, &*qp);
         self.orq.clear();
         self.irq.clear();
         if let Some(tx) = self.cur.take() {

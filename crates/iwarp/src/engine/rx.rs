@@ -2,7 +2,6 @@
 
 use super::term::{read_error, tagged_error};
 use super::{Engine, Phase, Piece, ReadResp, RecvInProgress};
-use softrdma_verbs::mr::{check_local, check_remote, invalidate_remote};
 use softrdma_verbs::wr::wc_flags;
 use softrdma_verbs::{Access, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_wire::{
@@ -170,14 +169,8 @@ impl Engine {
         }
         let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE);
         let checked = if qp_ok {
-            check_remote(
-                stag,
-                self.qp.pd.id(),
-                self.qp.qpn,
-                to,
-                payload.len() as u64,
-                Access::REMOTE_WRITE,
-            )
+            self.qp
+                .check_remote(stag, to, payload.len() as u64, Access::REMOTE_WRITE)
         } else {
             Err(softrdma_verbs::mr::KeyError::Rights)
         };
@@ -254,14 +247,8 @@ impl Engine {
         } else {
             let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_READ);
             let checked = if qp_ok {
-                check_remote(
-                    rr.src_stag,
-                    self.qp.pd.id(),
-                    self.qp.qpn,
-                    rr.src_to,
-                    rr.size as u64,
-                    Access::REMOTE_READ,
-                )
+                self.qp
+                    .check_remote(rr.src_stag, rr.src_to, rr.size as u64, Access::REMOTE_READ)
             } else {
                 Err(softrdma_verbs::mr::KeyError::Rights)
             };
@@ -329,7 +316,7 @@ impl Engine {
             let seq = entry.seq;
             self.orq.pop_front();
             let qp = self.qp.clone();
-            self.inflight.confirm_through(seq, &qp);
+            self.inflight.confirm_through(seq, &*qp);
         }
     }
 
@@ -370,18 +357,18 @@ impl Engine {
                 );
                 return self.untagged_error(term::ddp::untagged::INVALID_MSN_NO_BUFFER, ulpdu, why);
             };
-            let pd = self.qp.pd.id();
             let mut dst = Vec::new();
             let mut capacity = 0usize;
             for s in wqe.sg_list.iter().filter(|s| s.length > 0) {
-                match check_local(s.lkey, pd, s.addr, s.length as u64, true) {
+                match self.qp.check_local(s.lkey, s.addr, s.length as u64, true) {
                     Ok((mr, off)) => dst.push(Piece {
                         mr,
                         off,
                         len: s.length as usize,
                     }),
                     Err(e) => {
-                        let mut wc = WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn);
+                        let mut wc =
+                            WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn());
                         wc.byte_len = 0;
                         self.qp.complete_recv(wc);
                         let why = format!("receive WR {:#x}: lkey {:#x}: {e}", wqe.wr_id, s.lkey);
@@ -415,7 +402,7 @@ impl Engine {
         let end = r.received + payload.len();
         if end > r.capacity {
             let Some(r) = self.cur_recv.take() else { return };
-            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qp.qpn);
+            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qp.qpn());
             wc.byte_len = end as u32;
             self.qp.complete_recv(wc);
             let why = format!(
@@ -427,7 +414,7 @@ impl Engine {
         if !scatter(&r.dst, r.received, payload) {
             // The receive buffer's MR was deregistered (or its memory unmapped) mid-message.
             let Some(r) = self.cur_recv.take() else { return };
-            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn);
+            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn());
             wc.byte_len = 0;
             self.qp.complete_recv(wc);
             let why = format!(
@@ -443,11 +430,11 @@ impl Engine {
         }
         let Some(r) = self.cur_recv.take() else { return };
         self.recv_msn = self.recv_msn.wrapping_add(1);
-        let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qp.qpn);
+        let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qp.qpn());
         wc.byte_len = r.received as u32;
         wc.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
         if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
-            if let Err(e) = invalidate_remote(inval_stag, self.qp.pd.id()) {
+            if let Err(e) = self.qp.invalidate_remote(inval_stag) {
                 self.qp.complete_recv(wc);
                 let why = format!("SEND with invalidate of STag {inval_stag:#x}: {e}");
                 return self.send_terminate(

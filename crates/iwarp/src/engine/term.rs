@@ -87,7 +87,7 @@ impl Engine {
                 }
             }
         }
-        tracing::warn!(qpn = self.qp.qpn, terminate = %t.describe(), %why, "sending Terminate");
+        tracing::warn!(qpn = self.qp.qpn(), terminate = %t.describe(), %why, "sending Terminate");
         // Drop the partly sent message: nothing after the Terminate may follow it.
         self.cur = None;
         let msn = self.term_msn;
@@ -145,8 +145,8 @@ impl Engine {
             } => self.inflight.find_target(true, |k| matches!(k, Kind::Read { .. })),
             _ => None,
         });
-        let why = format!("QP {}: peer sent Terminate: {}", self.qp.qpn, t.describe());
-        tracing::warn!(qpn = self.qp.qpn, terminate = %t.describe(), "received Terminate");
+        let why = format!("QP {}: peer sent Terminate: {}", self.qp.qpn(), t.describe());
+        tracing::warn!(qpn = self.qp.qpn(), terminate = %t.describe(), "received Terminate");
         self.fail_all(target, status, vendor_err(&t), why);
     }
 }

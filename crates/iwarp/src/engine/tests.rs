@@ -103,17 +103,23 @@ fn pair() -> (Side, Side) {
 
 /// Moves everything `x` has to send into `y`. Returns bytes moved.
 fn transfer(x: &mut Side, y: &mut Side) -> usize {
-    x.engine.fill_tx();
-    let out = x.engine.tx_pending().to_vec();
+    stream(&mut x.engine, &mut y.engine)
+}
+
+/// Moves everything engine `x` has to send into engine `y`'s receive buffer, as a socket
+/// pair would. Returns bytes moved.
+pub(super) fn stream(x: &mut Engine, y: &mut Engine) -> usize {
+    x.fill_tx();
+    let out = x.tx_pending().to_vec();
     let mut off = 0;
     while off < out.len() {
-        let space = y.engine.rx_space();
+        let space = y.rx_space();
         let n = space.len().min(out.len() - off);
         space[..n].copy_from_slice(&out[off..off + n]);
-        y.engine.rx_commit(n);
+        y.rx_commit(n);
         off += n;
     }
-    x.engine.tx_consumed(out.len());
+    x.tx_consumed(out.len());
     out.len()
 }
 

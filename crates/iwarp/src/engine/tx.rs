@@ -4,7 +4,6 @@ use super::inflight::Kind;
 use super::{
     Engine, OrqEntry, Payload, Phase, Piece, ReadResp, Rtr, TxHeader, TxMsg, MAX_SEGMENT_PAYLOAD, TX_HIGH_WATER,
 };
-use softrdma_verbs::mr::check_local;
 use softrdma_verbs::qp::SendWqe;
 use softrdma_verbs::{SendFlags, WcOpcode, WcStatus, WrOpcode};
 use softrdma_wire::{crc32c, fpdu_pad_len, DdpHeader, Opcode, ReadRequest, SegmentHeader, QN_READ_REQUEST, QN_SEND};
@@ -27,7 +26,7 @@ impl Engine {
         }
         if self.phase == Phase::Running && self.inflight.written_through(self.tx_written()) {
             let qp = self.qp.clone();
-            self.inflight.release(&qp);
+            self.inflight.release(&*qp);
         }
     }
 
@@ -99,7 +98,7 @@ impl Engine {
             }
             let ord = self.cfg.ord.max(1) as usize;
             let orq_len = self.orq.len();
-            let wqe = self.qp.pop_send_if(|w| {
+            let wqe = self.qp.pop_send_if(&mut |w| {
                 let is_read = w.wr.opcode == Some(WrOpcode::RdmaRead);
                 let fenced = w.wr.flags.contains(SendFlags::FENCE) && orq_len > 0;
                 !(fenced || is_read && orq_len >= ord)
@@ -162,13 +161,13 @@ impl Engine {
 
     /// Resolves local SGEs; `write` asks for LOCAL_WRITE (READ sinks).
     fn resolve(&self, wqe: &SendWqe, write: bool) -> Result<Vec<Piece>, String> {
-        let pd = self.qp.pd.id();
         wqe.wr
             .sg_list
             .iter()
             .filter(|s| s.length > 0)
             .map(|s| {
-                check_local(s.lkey, pd, s.addr, s.length as u64, write)
+                self.qp
+                    .check_local(s.lkey, s.addr, s.length as u64, write)
                     .map(|(mr, off)| Piece {
                         mr,
                         off,
@@ -180,7 +179,7 @@ impl Engine {
     }
 
     fn local_failure(&mut self, wqe: &SendWqe, status: WcStatus, why: String) {
-        tracing::warn!(qpn = self.qp.qpn, wr_id = wqe.wr.wr_id, %why, "local work request error");
+        tracing::warn!(qpn = self.qp.qpn(), wr_id = wqe.wr.wr_id, %why, "local work request error");
         let op = wqe.wr.opcode.map(|o| o.wc_opcode()).unwrap_or(WcOpcode::Send);
         // Everything sent before it is flushed too; report this WR's error first in order.
         let seq = self.inflight.push_op(Kind::Send { msn: 0 }, op, wqe.wr.wr_id, 0, true);
@@ -188,7 +187,7 @@ impl Engine {
             Some(seq),
             status,
             0,
-            format!("QP {}: WR {:#x}: {why}", self.qp.qpn, wqe.wr.wr_id),
+            format!("QP {}: WR {:#x}: {why}", self.qp.qpn(), wqe.wr.wr_id),
         );
     }
 
@@ -351,11 +350,13 @@ impl Engine {
     fn source_memory_gone(&mut self, msg: TxMsg) {
         let why = format!(
             "QP {}: the memory of a message being sent became inaccessible after {} of {} bytes",
-            self.qp.qpn, msg.sent, msg.total
+            self.qp.qpn(),
+            msg.sent,
+            msg.total
         );
         match msg.seq {
             Some(seq) => {
-                tracing::warn!(qpn = self.qp.qpn, %why, "local protection error");
+                tracing::warn!(qpn = self.qp.qpn(), %why, "local protection error");
                 self.fail_all(Some(seq), WcStatus::LocProtErr, 0, why);
             }
             None => self.send_terminate(

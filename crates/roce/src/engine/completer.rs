@@ -9,7 +9,7 @@ use super::sendop::LocalOp;
 use super::sendop::{OpKind, SendOp};
 use super::stats::RcStats;
 use super::timers::rnr_timer;
-use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::{WcStatus, WorkCompletion};
 use softrdma_wire::roce::{AethKind, NakCode, RoceOpcode, RocePacket};
 use std::time::Instant;
@@ -20,7 +20,7 @@ impl Requester {
         &mut self,
         now: Instant,
         pkt: &RocePacket<'_>,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<(), RcError> {
         let h = &pkt.headers;
@@ -68,7 +68,7 @@ impl Requester {
         psn: Psn,
         kind: AethKind,
         syndrome: u8,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<(), RcError> {
         stats.naks_received.count_aeth(kind);
@@ -101,7 +101,7 @@ impl Requester {
 
     /// Completes SEND/WRITE ops whose PSNs are all at or before `target` (a cumulative ACK).
     /// Meeting an unanswered READ/atomic the responder is already past is an implied NAK.
-    fn ack_through(&mut self, now: Instant, target: Psn, qp: &QpInner, stats: &mut RcStats) -> Result<(), RcError> {
+    fn ack_through(&mut self, now: Instant, target: Psn, qp: &dyn QpHost, stats: &mut RcStats) -> Result<(), RcError> {
         if target.before(self.una) {
             return Ok(());
         }
@@ -154,7 +154,7 @@ impl Requester {
         now: Instant,
         psn: Psn,
         orig: u64,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<(), RcError> {
         self.ack_through(now, psn.sub(1), qp, stats)?;
@@ -180,7 +180,7 @@ impl Requester {
         psn: Psn,
         opcode: RoceOpcode,
         payload: &[u8],
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<(), RcError> {
         // A response for a later PSN acknowledges the requests before it.
@@ -244,7 +244,7 @@ impl Requester {
         now: Instant,
         psn: Psn,
         timer: u8,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<(), RcError> {
         if self.rnr_left == 0 {
@@ -265,7 +265,7 @@ impl Requester {
     }
 
     /// Handles the RNR wait's end and the ACK timeout.
-    pub(crate) fn handle_timeout(&mut self, now: Instant, qp: &QpInner, stats: &mut RcStats) -> Result<(), RcError> {
+    pub(crate) fn handle_timeout(&mut self, now: Instant, qp: &dyn QpHost, stats: &mut RcStats) -> Result<(), RcError> {
         if let Some(until) = self.rnr_until {
             if now < until {
                 return Ok(());
@@ -295,14 +295,14 @@ impl Requester {
     }
 
     /// Completes the oldest op successfully.
-    fn complete_front(&mut self, qp: &QpInner) {
+    fn complete_front(&mut self, qp: &dyn QpHost) {
         if let Some(op) = self.pop_front() {
-            qp.complete_send(op.completion(WcStatus::Success, qp.qpn), op.signaled);
+            qp.complete_send(op.completion(WcStatus::Success, qp.qpn()), op.signaled);
         }
     }
 
     /// Completes the oldest op with an error status; returns its wr_id.
-    fn fail_front(&mut self, status: WcStatus, vendor_err: u32, qp: &QpInner) -> u64 {
+    fn fail_front(&mut self, status: WcStatus, vendor_err: u32, qp: &dyn QpHost) -> u64 {
         match self.pop_front() {
             Some(op) => {
                 complete_error(&op, status, vendor_err, qp);
@@ -312,7 +312,7 @@ impl Requester {
         }
     }
 
-    fn fail_front_local(&mut self, why: &str, qp: &QpInner) -> RcError {
+    fn fail_front_local(&mut self, why: &str, qp: &dyn QpHost) -> RcError {
         let wr_id = self.fail_front(WcStatus::LocProtErr, 0, qp);
         RcError::LocalWr {
             wr_id,
@@ -323,7 +323,7 @@ impl Requester {
 
     /// An error NAK for `psn`: the requests before it were executed (SEND/WRITE complete,
     /// an unanswered READ/atomic flushes), the one holding `psn` fails with the NAK's status.
-    fn fail_at(&mut self, psn: Psn, code: NakCode, syndrome: u8, qp: &QpInner) -> RcError {
+    fn fail_at(&mut self, psn: Psn, code: NakCode, syndrome: u8, qp: &dyn QpHost) -> RcError {
         let status = nak_status(code).unwrap_or(WcStatus::RemOpErr);
         while let Some(op) = self.ops.front() {
             if op.contains(psn) || op.failed.is_some() || self.ops.len() == 1 {
@@ -345,7 +345,7 @@ impl Requester {
 
     /// If the oldest op failed locally, complete it in error now (everything before it has
     /// completed) and report the QP failure.
-    pub(super) fn complete_ready(&mut self, qp: &QpInner) -> Result<(), RcError> {
+    pub(super) fn complete_ready(&mut self, qp: &dyn QpHost) -> Result<(), RcError> {
         while self.ops.front().is_some_and(|op| op.local.is_some()) {
             self.run_local_front(qp)?;
         }
@@ -358,13 +358,14 @@ impl Requester {
 
     /// Executes the oldest op, a local one (everything before it has completed), and
     /// completes it; a failed bind or invalidation completes with MW_BIND_ERR and fails the QP.
-    fn run_local_front(&mut self, qp: &QpInner) -> Result<(), RcError> {
+    fn run_local_front(&mut self, qp: &dyn QpHost) -> Result<(), RcError> {
         let Some(local) = self.ops.front().and_then(|op| op.local) else {
             return Ok(());
         };
         let done = match local {
-            LocalOp::Bind(b) => softrdma_verbs::mw::bind(&b, qp.pd.id(), qp.qpn),
-            LocalOp::Invalidate(rkey) => softrdma_verbs::mw::invalidate(rkey, qp.pd.id())
+            LocalOp::Bind(b) => qp.bind_mw(&b),
+            LocalOp::Invalidate(rkey) => qp
+                .invalidate_mw(rkey)
                 .map_err(|e| format!("LOCAL_INV of rkey {rkey:#x}: {e} (only memory windows can be invalidated)")),
         };
         match done {
@@ -384,8 +385,8 @@ impl Requester {
     }
 }
 
-fn complete_error(op: &SendOp, status: WcStatus, vendor_err: u32, qp: &QpInner) {
-    let mut wc: WorkCompletion = op.completion(status, qp.qpn);
+fn complete_error(op: &SendOp, status: WcStatus, vendor_err: u32, qp: &dyn QpHost) {
+    let mut wc: WorkCompletion = op.completion(status, qp.qpn());
     wc.vendor_err = vendor_err;
     qp.complete_send(wc, true);
 }

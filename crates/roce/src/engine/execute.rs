@@ -11,9 +11,9 @@ use super::sendop::packets_for;
 use super::stats::RcStats;
 use super::{imm_from_wire, MAX_MESSAGE, MAX_MESSAGE_PACKETS};
 use crate::engine::error::RequestError;
-use softrdma_verbs::mr::{check_remote, invalidate_remote, MrInner};
-use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::mr::MrInner;
 use softrdma_verbs::wr::wc_flags;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::{Access, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_wire::roce::{AtomicEth, RoceOpcode, RocePacket};
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,7 @@ impl Responder {
         &mut self,
         psn: Psn,
         pkt: &RocePacket<'_>,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<Step, RequestError> {
         let op = pkt.headers.bth.opcode;
@@ -82,7 +82,7 @@ impl Responder {
         Err(RequestError::Length { op, detail })
     }
 
-    fn qp_allows(qp: &QpInner, need: Access, what: &'static str) -> Result<(), RequestError> {
+    fn qp_allows(qp: &dyn QpHost, need: Access, what: &'static str) -> Result<(), RequestError> {
         if qp.attr().qp_access_flags.contains(need) {
             Ok(())
         } else {
@@ -90,14 +90,14 @@ impl Responder {
         }
     }
 
-    fn exec_send(&mut self, pkt: &RocePacket<'_>, qp: &QpInner) -> Result<Step, RequestError> {
+    fn exec_send(&mut self, pkt: &RocePacket<'_>, qp: &dyn QpHost) -> Result<Step, RequestError> {
         let h = &pkt.headers;
         let op = h.bth.opcode;
         if op.starts_message() {
             let Some(recv) = qp.take_recv() else {
                 return Ok(Step::Rnr);
             };
-            let checked = resolve(&recv.sg_list, qp.pd.id(), true);
+            let checked = resolve(&recv.sg_list, qp, true);
             let wr_id = recv.wr_id;
             // Held in `cur` from here on, so a rejection completes it.
             self.cur = Some(InMessage::Send {
@@ -152,7 +152,7 @@ impl Responder {
         if !op.ends_message() {
             return Ok(Step::Placed);
         }
-        let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
+        let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn());
         wc.byte_len = end as u32;
         wc.solicited = h.bth.solicited;
         wc.src_qp = self.cfg.dest_qpn;
@@ -161,7 +161,8 @@ impl Responder {
             wc.imm_data = imm_from_wire(imm);
         }
         if let Some(rkey) = h.ieth {
-            invalidate_remote(rkey, qp.pd.id()).map_err(|err| RequestError::Invalidate { rkey, err })?;
+            qp.invalidate_remote(rkey)
+                .map_err(|err| RequestError::Invalidate { rkey, err })?;
             wc.wc_flags |= wc_flags::WITH_INV;
             wc.imm_data = rkey;
         }
@@ -171,7 +172,7 @@ impl Responder {
         Ok(Step::Placed)
     }
 
-    fn exec_write(&mut self, pkt: &RocePacket<'_>, qp: &QpInner) -> Result<Step, RequestError> {
+    fn exec_write(&mut self, pkt: &RocePacket<'_>, qp: &dyn QpHost) -> Result<Step, RequestError> {
         let h = &pkt.headers;
         let op = h.bth.opcode;
         let len = pkt.payload.len() as u64;
@@ -213,7 +214,8 @@ impl Responder {
                 recv,
             });
             if total > 0 {
-                let checked = check_remote(reth.rkey, qp.pd.id(), qp.qpn, reth.va, total, Access::REMOTE_WRITE)
+                let checked = qp
+                    .check_remote(reth.rkey, reth.va, total, Access::REMOTE_WRITE)
                     .map_err(|err| RequestError::RemoteKey {
                         rkey: reth.rkey,
                         va: reth.va,
@@ -270,7 +272,7 @@ impl Responder {
         }
         let total = *total;
         if let Some(InMessage::Write { recv: Some(recv), .. }) = self.cur.take() {
-            let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, qp.qpn);
+            let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, qp.qpn());
             wc.byte_len = total as u32;
             wc.solicited = h.bth.solicited;
             wc.src_qp = self.cfg.dest_qpn;
@@ -289,7 +291,7 @@ impl Responder {
         Ok(())
     }
 
-    fn exec_read(&mut self, psn: Psn, pkt: &RocePacket<'_>, qp: &QpInner) -> Result<Step, RequestError> {
+    fn exec_read(&mut self, psn: Psn, pkt: &RocePacket<'_>, qp: &dyn QpHost) -> Result<Step, RequestError> {
         let op = pkt.headers.bth.opcode;
         let reth = pkt.headers.reth.ok_or(RequestError::MissingHeader(op))?;
         Self::qp_allows(qp, Access::REMOTE_READ, "RDMA READ")?;
@@ -306,14 +308,13 @@ impl Responder {
             None
         } else {
             Some(
-                check_remote(reth.rkey, qp.pd.id(), qp.qpn, reth.va, len, Access::REMOTE_READ).map_err(|err| {
-                    RequestError::RemoteKey {
+                qp.check_remote(reth.rkey, reth.va, len, Access::REMOTE_READ)
+                    .map_err(|err| RequestError::RemoteKey {
                         rkey: reth.rkey,
                         va: reth.va,
                         len,
                         err,
-                    }
-                })?,
+                    })?,
             )
         };
         let npkts = npkts as u32;
@@ -345,7 +346,7 @@ impl Responder {
         &mut self,
         psn: Psn,
         pkt: &RocePacket<'_>,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<Step, RequestError> {
         let op = pkt.headers.bth.opcode;
@@ -355,14 +356,14 @@ impl Responder {
             return Err(RequestError::Misaligned(a.va));
         }
         self.check_resources()?;
-        let (mr, off) = check_remote(a.rkey, qp.pd.id(), qp.qpn, a.va, 8, Access::REMOTE_ATOMIC).map_err(|err| {
-            RequestError::RemoteKey {
-                rkey: a.rkey,
-                va: a.va,
-                len: 8,
-                err,
-            }
-        })?;
+        let (mr, off) =
+            qp.check_remote(a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+                .map_err(|err| RequestError::RemoteKey {
+                    rkey: a.rkey,
+                    va: a.va,
+                    len: 8,
+                    err,
+                })?;
         let orig = atomic_rmw(&mr, off, op == RoceOpcode::RcCompareSwap, &a).ok_or(RequestError::RemoteKey {
             rkey: a.rkey,
             va: a.va,

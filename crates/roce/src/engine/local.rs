@@ -1,7 +1,8 @@
 //! Local buffers: SGEs checked against the key table once (lkey, PD, bounds, LOCAL_WRITE),
 //! then gathered from or scattered into by byte offset.
 
-use softrdma_verbs::mr::{check_local, KeyError, MrInner};
+use softrdma_verbs::mr::{KeyError, MrInner};
+use softrdma_verbs::QpHost;
 use softrdma_verbs::Sge;
 use std::sync::Arc;
 
@@ -29,11 +30,11 @@ impl std::fmt::Display for SgeError {
 }
 
 /// Checks every non-empty SGE of a list; `write` requires LOCAL_WRITE (receive and READ sinks).
-pub(crate) fn resolve(sges: &[Sge], pd_id: u64, write: bool) -> Result<Vec<Piece>, SgeError> {
+pub(crate) fn resolve(sges: &[Sge], qp: &dyn QpHost, write: bool) -> Result<Vec<Piece>, SgeError> {
     sges.iter()
         .filter(|s| s.length > 0)
         .map(|s| {
-            check_local(s.lkey, pd_id, s.addr, u64::from(s.length), write)
+            qp.check_local(s.lkey, s.addr, u64::from(s.length), write)
                 .map(|(mr, off)| Piece {
                     mr,
                     off,

@@ -45,7 +45,7 @@ use config::pkey_matches;
 use keepalive::Keepalive;
 use requester::Requester;
 use responder::{KeepReplies, Responder};
-use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::QpState;
 use softrdma_wire::roce::{pad_len, RocePacket};
 use std::sync::Arc;
@@ -80,7 +80,7 @@ pub(crate) fn well_formed(pkt: &RocePacket<'_>) -> bool {
 /// The transport engine of one RC QP.
 #[derive(Debug)]
 pub struct RcEngine {
-    qp: Arc<QpInner>,
+    qp: Arc<dyn QpHost>,
     cfg: RcConfig,
     req: Requester,
     resp: Responder,
@@ -101,7 +101,7 @@ pub struct RcEngine {
 impl RcEngine {
     /// An engine for `qp` (moving to RTR or RTS) with `cfg`, usually from
     /// [`RcConfig::from_qp_attr`]. Out-of-range settings are clamped.
-    pub fn new(qp: Arc<QpInner>, cfg: RcConfig) -> RcEngine {
+    pub fn new(qp: Arc<dyn QpHost>, cfg: RcConfig) -> RcEngine {
         let cfg = cfg.sanitized();
         RcEngine {
             req: Requester::new(&cfg),
@@ -119,7 +119,7 @@ impl RcEngine {
     }
 
     /// The QP this engine serves.
-    pub fn qp(&self) -> &Arc<QpInner> {
+    pub fn qp(&self) -> &Arc<dyn QpHost> {
         &self.qp
     }
 
@@ -147,7 +147,7 @@ impl RcEngine {
             self.stats.dropped_invalid += 1;
             Ok(())
         } else if op.is_response() {
-            self.req.handle_response(now, pkt, &self.qp, &mut self.stats)
+            self.req.handle_response(now, pkt, &*self.qp, &mut self.stats)
         } else if matches!(
             self.qp.state(),
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
@@ -158,7 +158,7 @@ impl RcEngine {
                 self.comm_established = true;
                 self.qp.report_comm_established();
             }
-            self.resp.handle_request(pkt, &self.qp, &mut self.stats)
+            self.resp.handle_request(pkt, &*self.qp, &mut self.stats)
         } else {
             self.stats.dropped_invalid += 1;
             Ok(())
@@ -179,9 +179,9 @@ impl RcEngine {
         for turn in 0..2 {
             let responses = self.responses_first == (turn == 0);
             let result = if responses {
-                self.resp.poll_transmit(&self.qp, &mut self.stats, out)
+                self.resp.poll_transmit(&*self.qp, &mut self.stats, out)
             } else {
-                self.req.poll_transmit(now, &self.qp, &mut self.stats, out)
+                self.req.poll_transmit(now, &*self.qp, &mut self.stats, out)
             };
             match result {
                 Ok(true) => {
@@ -219,7 +219,7 @@ impl RcEngine {
         if self.reset {
             return false;
         }
-        match self.resp.poll_transmit(&self.qp, &mut self.stats, out) {
+        match self.resp.poll_transmit(&*self.qp, &mut self.stats, out) {
             Ok(true) => {
                 self.stats.tx_packets += 1;
                 true
@@ -274,14 +274,14 @@ impl RcEngine {
         if self.stopped() {
             return;
         }
-        let mut result = self.req.handle_timeout(now, &self.qp, &mut self.stats);
+        let mut result = self.req.handle_timeout(now, &*self.qp, &mut self.stats);
         if result.is_ok() && self.keepalive_applies() {
             let (timeout, retries) = (self.req.cfg.ack_timeout, self.req.cfg.retry_cnt);
             result = self.keepalive.on_timeout(now, timeout, retries);
         }
         if let Err(e) = result {
             if e.peer_lost() {
-                tracing::debug!(qpn = self.qp.qpn, error = %e, "RC peer lost");
+                tracing::debug!(qpn = self.qp.qpn(), error = %e, "RC peer lost");
             }
             self.fail(e);
         }
@@ -360,9 +360,9 @@ impl RcEngine {
             _ => KeepReplies::Nothing,
         };
         if !matches!(e, RcError::Flushed) {
-            tracing::debug!(qpn = self.qp.qpn, error = %e, "RC QP to error state");
+            tracing::debug!(qpn = self.qp.qpn(), error = %e, "RC QP to error state");
         }
-        self.req.flush(&self.qp);
+        self.req.flush(&*self.qp);
         if !matches!(e, RcError::Flushed) && !self.flushed {
             self.qp.report_fatal();
         }

@@ -7,7 +7,8 @@ use super::psn::Psn;
 use super::sendop::{OpKind, Position, SendOp};
 use super::stats::RcStats;
 use super::timers::{earliest, ib_timeout, AckTimer};
-use softrdma_verbs::qp::{QpAttr, QpInner, SendWqe};
+use softrdma_verbs::qp::{QpAttr, SendWqe};
+use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcStatus, WrOpcode};
 use softrdma_wire::roce::{AtomicEth, Bth, Reth, RoceHeaders, RoceOpcode};
 use std::collections::VecDeque;
@@ -103,7 +104,7 @@ impl Requester {
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
         out: &mut Vec<u8>,
     ) -> Result<bool, RcError> {
@@ -140,7 +141,7 @@ impl Requester {
                 return Ok(false);
             }
             let (rd_atomic, ord) = (self.rd_atomic, self.cfg.ord.max(1));
-            let Some(wqe) = qp.pop_send_if(|w| admit(w, rd_atomic, ord)) else {
+            let Some(wqe) = qp.pop_send_if(&mut |w| admit(w, rd_atomic, ord)) else {
                 return Ok(false);
             };
             if !self.started {
@@ -151,7 +152,7 @@ impl Requester {
                 self.apply_rts_attrs(&qp.attr());
             }
             self.started = true;
-            let op = SendOp::prepare(wqe, qp.pd.id(), self.cfg.mtu, self.tail_psn);
+            let op = SendOp::prepare(wqe, qp, self.cfg.mtu, self.tail_psn);
             self.tail_psn = op.end_psn();
             if op.is_rd_atomic() {
                 self.rd_atomic += 1;
@@ -278,9 +279,9 @@ impl Requester {
     }
 
     /// The QP went to ERR: every op left completes with WR_FLUSH_ERR, oldest first.
-    pub(crate) fn flush(&mut self, qp: &QpInner) {
+    pub(crate) fn flush(&mut self, qp: &dyn QpHost) {
         while let Some(op) = self.pop_front() {
-            qp.complete_send(op.completion(WcStatus::WrFlushErr, qp.qpn), true);
+            qp.complete_send(op.completion(WcStatus::WrFlushErr, qp.qpn()), true);
         }
         self.cursor = 0;
         self.rnr_until = None;

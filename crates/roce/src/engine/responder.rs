@@ -9,8 +9,8 @@ use super::psn::Psn;
 use super::replies::{ReadReply, Replies, Reply, READ_FAILURE_KEY_ERROR};
 use super::resources::{ResourceKind, Resources};
 use super::stats::RcStats;
-use softrdma_verbs::mr::{check_remote, MrInner};
-use softrdma_verbs::qp::QpInner;
+use softrdma_verbs::mr::MrInner;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::{Access, RecvWr, WcOpcode, WorkCompletion};
 use softrdma_wire::roce::{NakCode, RoceOpcode, RocePacket, MSN_MASK};
 use std::sync::Arc;
@@ -132,7 +132,7 @@ impl Responder {
     pub(crate) fn handle_request(
         &mut self,
         pkt: &RocePacket<'_>,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
     ) -> Result<(), RcError> {
         let bth = &pkt.headers.bth;
@@ -185,7 +185,7 @@ impl Responder {
 
     /// A request behind the expected PSN: SEND/WRITE are acknowledged again, READs are
     /// answered again from memory, atomics get their saved result.
-    fn duplicate(&mut self, psn: Psn, pkt: &RocePacket<'_>, qp: &QpInner) -> Result<(), RcError> {
+    fn duplicate(&mut self, psn: Psn, pkt: &RocePacket<'_>, qp: &dyn QpHost) -> Result<(), RcError> {
         let h = &pkt.headers;
         let op = h.bth.opcode;
         if op.is_send() || op.is_write() {
@@ -211,8 +211,7 @@ impl Responder {
                     None
                 } else {
                     // Read memory again, as on first execution: the key may be gone by now.
-                    let pd = qp.pd.id();
-                    match check_remote(rkey, pd, qp.qpn, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ) {
+                    match qp.check_remote(rkey, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ) {
                         Ok(t) => Some(t),
                         Err(err) => {
                             let err = RequestError::RemoteKey {
@@ -253,13 +252,13 @@ impl Responder {
 
     /// Rejects the request at `psn`: a consumed receive WR completes in error, the NAK is
     /// the only reply left to send, and the caller moves the QP to ERR.
-    pub(crate) fn reject(&mut self, psn: Psn, err: RequestError, qp: &QpInner) -> RcError {
+    pub(crate) fn reject(&mut self, psn: Psn, err: RequestError, qp: &dyn QpHost) -> RcError {
         if let Some(recv) = self.cur.take().and_then(InMessage::into_recv) {
             qp.complete_recv(WorkCompletion::new(
                 recv.wr_id,
                 err.recv_status(),
                 WcOpcode::Recv,
-                qp.qpn,
+                qp.qpn(),
             ));
         }
         self.replies.reset(Some(Reply::Nak {
@@ -274,7 +273,7 @@ impl Responder {
     /// source memory; the request is then rejected.
     pub(crate) fn poll_transmit(
         &mut self,
-        qp: &QpInner,
+        qp: &dyn QpHost,
         stats: &mut RcStats,
         out: &mut Vec<u8>,
     ) -> Result<bool, RcError> {

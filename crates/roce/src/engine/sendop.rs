@@ -4,7 +4,7 @@ use super::local::{resolve, Payload, Piece};
 use super::psn::Psn;
 use super::{imm_to_wire, MAX_MESSAGE, MAX_MESSAGE_PACKETS};
 use softrdma_verbs::qp::SendWqe;
-use softrdma_verbs::{SendFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
+use softrdma_verbs::{QpHost, SendFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
 
 /// What the WR does on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,7 @@ pub(crate) enum LocalOp {
 impl SendOp {
     /// Prepares `wqe` to start at `first_psn`: checks its buffers and sizes. A WR that cannot
     /// be sent comes back with `failed` set and no PSNs.
-    pub(crate) fn prepare(wqe: SendWqe, pd_id: u64, mtu: usize, first_psn: Psn) -> SendOp {
+    pub(crate) fn prepare(wqe: SendWqe, qp: &dyn QpHost, mtu: usize, first_psn: Psn) -> SendOp {
         let wr = &wqe.wr;
         let len = wr.total_len();
         let imm = || Some(imm_to_wire(wr.imm_data));
@@ -188,12 +188,12 @@ impl SendOp {
         }
         op.len = len as u32;
         let checked = match (kind, wqe.inline) {
-            (OpKind::Read | OpKind::Atomic { .. }, _) => resolve(&wr.sg_list, pd_id, true).map(|p| op.sink = p),
+            (OpKind::Read | OpKind::Atomic { .. }, _) => resolve(&wr.sg_list, qp, true).map(|p| op.sink = p),
             (_, Some(data)) => {
                 op.payload = Payload::Inline(data);
                 Ok(())
             }
-            (_, None) => resolve(&wr.sg_list, pd_id, false).map(|p| op.payload = Payload::Pieces(p)),
+            (_, None) => resolve(&wr.sg_list, qp, false).map(|p| op.payload = Payload::Pieces(p)),
         };
         if let Err(e) = checked {
             return op.fail(WcStatus::LocProtErr, format!("SGE {e}"));

@@ -8,8 +8,9 @@ use super::local::{capacity, resolve, scatter, Payload};
 use super::psn::Psn;
 use super::stats::UdStats;
 use super::{grh, imm_from_wire, imm_to_wire, well_formed};
-use softrdma_verbs::qp::{QpInner, SendWqe};
+use softrdma_verbs::qp::SendWqe;
 use softrdma_verbs::wr::wc_flags;
+use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
 use softrdma_wire::roce::{Bth, Deth, RoceHeaders, RoceOpcode, RocePacket, ICRC_LEN, QPN_MASK};
 use std::net::IpAddr;
@@ -50,7 +51,7 @@ pub struct UdTransmit {
 /// The transport engine of one UD QP.
 #[derive(Debug)]
 pub struct UdEngine {
-    qp: Arc<QpInner>,
+    qp: Arc<dyn QpHost>,
     cfg: UdConfig,
     psn: Psn,
     stats: UdStats,
@@ -61,7 +62,7 @@ pub struct UdEngine {
 
 impl UdEngine {
     /// An engine for the UD QP `qp`.
-    pub fn new(qp: Arc<QpInner>, mut cfg: UdConfig) -> UdEngine {
+    pub fn new(qp: Arc<dyn QpHost>, mut cfg: UdConfig) -> UdEngine {
         cfg.mtu = cfg.mtu.clamp(MIN_MTU, MAX_MTU);
         cfg.local_qpn &= QPN_MASK;
         UdEngine {
@@ -76,7 +77,7 @@ impl UdEngine {
     }
 
     /// The QP this engine serves.
-    pub fn qp(&self) -> &Arc<QpInner> {
+    pub fn qp(&self) -> &Arc<dyn QpHost> {
         &self.qp
     }
 
@@ -112,8 +113,8 @@ impl UdEngine {
             self.stats.rx_dropped_no_recv += 1;
             return;
         };
-        let qpn = self.qp.qpn;
-        let pieces = match resolve(&recv.sg_list, self.qp.pd.id(), true) {
+        let qpn = self.qp.qpn();
+        let pieces = match resolve(&recv.sg_list, &*self.qp, true) {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(qpn, wr_id = recv.wr_id, error = %e, "UD receive WR with a bad buffer");
@@ -164,8 +165,8 @@ impl UdEngine {
         if self.stopped() || self.qp.state() != QpState::Rts {
             return None;
         }
-        let wqe = self.qp.pop_send_if(|_| true)?;
-        let qpn = self.qp.qpn;
+        let wqe = self.qp.pop_send_if(&mut |_| true)?;
+        let qpn = self.qp.qpn();
         let op = wqe.wr.opcode.map_or(WcOpcode::Send, WrOpcode::wc_opcode);
         match self.build(&wqe, out) {
             Ok(dest) => {
@@ -207,7 +208,7 @@ impl UdEngine {
         }
         let payload = match &wqe.inline {
             Some(data) => Payload::Inline(data.clone()),
-            None => match resolve(&wr.sg_list, self.qp.pd.id(), false) {
+            None => match resolve(&wr.sg_list, &*self.qp, false) {
                 Ok(p) => Payload::Pieces(p),
                 Err(e) => return Err((WcStatus::LocProtErr, format!("SGE {e}"))),
             },

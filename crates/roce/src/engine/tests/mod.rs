@@ -4,6 +4,7 @@
 mod fuzz;
 mod harness;
 mod net;
+mod plain_host;
 mod rc_basic;
 mod rc_errors;
 mod rc_keepalive;
