@@ -210,3 +210,78 @@ fn a_silent_peer_is_a_retry_exceeded_error_in_simulated_time() {
     assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::RetryExcErr));
     assert_eq!(a.qp.events(), vec![AsyncEventKind::QpFatal]);
 }
+
+#[test]
+fn ud_datagrams_and_q_key_checks_without_a_device() {
+    use crate::engine::{UdConfig, UdEngine, UdSource, GRH_LEN};
+    use std::net::{IpAddr, Ipv4Addr};
+    const QKEY: u32 = 0x1111_2222;
+    let ud = |qpn: u32| {
+        let qp = PlainQp::new(qpn, QpState::Rts, QpAttr::default());
+        let cfg = UdConfig {
+            local_qpn: qpn,
+            qkey: QKEY,
+            pkey: softrdma_wire::roce::DEFAULT_PKEY,
+            mtu: 1024,
+        };
+        let eng = UdEngine::new(qp.clone(), cfg);
+        (qp, eng)
+    };
+    let ((qa, mut ea), (qb, mut eb)) = (ud(0x31), ud(0x32));
+    let src = qa.register(1024, Access::LOCAL_WRITE);
+    assert!(src.region.write(0, &[0x5a; 1024]));
+    let buf = qb.register(2048, Access::LOCAL_WRITE);
+    qb.post_recv(RecvWr {
+        wr_id: 5,
+        sg_list: vec![sge(&buf, 0, 2048)],
+    });
+    let to_b = |qkey: u32| UdDest {
+        ah: AhAttr {
+            dgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2],
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        remote_qpn: 0x32,
+        remote_qkey: qkey,
+    };
+    let from_a = UdSource {
+        src_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        dst_ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+        hop_limit: 64,
+        traffic_class: 0,
+    };
+    // A datagram with the wrong Q_Key is dropped: no completion, the receive stays posted.
+    let mut wrong = signaled(SendWr::send(1, vec![sge(&src, 0, 100)]));
+    wrong.ud = Some(to_b(QKEY ^ 1));
+    let mut right = signaled(SendWr::send(2, vec![sge(&src, 0, 700)]));
+    right.ud = Some(to_b(QKEY));
+    qa.post_send(wrong);
+    qa.post_send(right);
+    let now = Instant::now();
+    let mut out = Vec::new();
+    let mut sent = 0;
+    while ea.poll_transmit(now, &mut out).is_some() {
+        eb.handle_packet(now, &RocePacket::parse(&out).expect("a parsable datagram"), &from_a);
+        out.clear();
+        sent += 1;
+    }
+    assert_eq!(sent, 2);
+    assert_eq!(
+        qa.take_send_wcs()
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)],
+        "UD sends complete once sent"
+    );
+    let r = qb.take_recv_wcs();
+    assert_eq!(r.len(), 1, "only the datagram with the right Q_Key arrived");
+    assert_eq!(
+        (r[0].wr_id, r[0].byte_len as usize, r[0].src_qp),
+        (5, GRH_LEN + 700, 0x31)
+    );
+    let mem = bytes(&buf);
+    assert_eq!(&mem[GRH_LEN..GRH_LEN + 700], &[0x5a; 700][..]);
+    assert_eq!(eb.stats().rx_delivered, 1);
+}
