@@ -166,6 +166,13 @@ pub const ROCE_IPV6: Var = Var {
     default: "1",
     about: "0: soft-RoCE opens IPv4 sockets only (no IPv6 GIDs are usable)",
 };
+/// UDP segmentation offload for same-host RoCE.
+pub const ROCE_GSO: Var = Var {
+    name: "SOFTRDMA_ROCE_GSO",
+    value: "0|1",
+    default: "1",
+    about: "0: same-host soft-RoCE sends one datagram per packet and reads without UDP_GRO (1: runs of equal-size packets to a loopback address go as one UDP_SEGMENT send)",
+};
 /// Where `softrdma run` / `softrdma env` find the drop-in.
 pub const DROPIN_DIR: Var = Var {
     name: "SOFTRDMA_DROPIN_DIR",
@@ -191,6 +198,7 @@ pub const ALL: &[Var] = &[
     ROCE_PORT,
     ROCE_LOCAL,
     ROCE_IPV6,
+    ROCE_GSO,
     DROPIN_DIR,
 ];
 

@@ -2,6 +2,7 @@
 //! loop that moves datagrams between the sockets and the engines.
 
 use super::forward::{self, Origin};
+use super::gso;
 use super::net::{self, ROCE_PORT};
 use super::qpn::{make_qpn, split_qpn, GSI_QPN, MULTICAST_QPN, QPS_PER_PORT};
 use super::slot::Slot;
@@ -22,6 +23,8 @@ use std::time::{Duration, Instant};
 
 /// Largest datagram handled (a 4096-byte MTU packet plus headers, with room to spare).
 const MAX_DATAGRAM: usize = 9216;
+/// A receive buffer for a run of datagrams (the largest UDP payload).
+const RUN_BUFFER: usize = 65_536;
 
 /// A home socket: one ephemeral UDP port and the 255 QPNs built on it. Other processes
 /// forward this process's packets to it (see the `forward` module).
@@ -37,9 +40,13 @@ pub(crate) struct Home {
 }
 
 thread_local! {
-    /// The progress thread's receive buffer and control-message space.
-    static RX: std::cell::RefCell<net::RxBatch> =
-        std::cell::RefCell::new(net::RxBatch::new(MAX_DATAGRAM + forward::FORWARD_HDR_LEN));
+    /// A receiving thread's buffers and control-message space: room for a whole run of
+    /// datagrams that `UDP_GRO` keeps together (see `gso`), else for one datagram.
+    static RX: std::cell::RefCell<net::RxBatch> = std::cell::RefCell::new(net::RxBatch::new(if gso::wanted() {
+        RUN_BUFFER
+    } else {
+        MAX_DATAGRAM + forward::FORWARD_HDR_LEN
+    }));
 }
 
 thread_local! {
@@ -172,7 +179,12 @@ impl Endpoint {
         let port = softrdma_verbs::settings::ROCE_PORT.parse::<u16>().unwrap_or(ROCE_PORT);
         let shared = match net::bind_shared(port) {
             Ok(s) => {
-                tracing::debug!(port, dual_stack = s.is_dual(), "soft-RoCE: shared UDP socket");
+                tracing::debug!(
+                    port,
+                    dual_stack = s.is_dual(),
+                    gro = s.gro(),
+                    "soft-RoCE: shared UDP socket"
+                );
                 Some(s)
             }
             Err(e) => {
@@ -554,7 +566,9 @@ impl Endpoint {
                 };
                 for i in 0..n {
                     if let Some((data, r)) = rx.datagram(i) {
-                        self.on_received(data, r, local_port, home);
+                        for d in gso::segments(data, r.segment) {
+                            self.on_received(d, r, local_port, home);
+                        }
                     }
                 }
                 if n < net::BATCH {
@@ -865,8 +879,23 @@ impl Endpoint {
 
     /// Appends each packet's ICRC and sends the batch from `home`.
     pub(crate) fn transmit_batch(&self, home: &Home, batch: &mut net::TxBatch) {
-        for (buf, to) in batch.entries_mut() {
-            let ip = icrc_ip(to.src, to.dst.ip());
+        batch.plan(home.sock.gso());
+        for (buf, to, place) in batch.entries_mut() {
+            let ip = match icrc_ip(to.src, to.dst.ip()) {
+                // Packet `place` of a UDP_SEGMENT run leaves with that IPv4 ID (see `gso`).
+                IcrcIp::V4 {
+                    src,
+                    dst,
+                    dont_fragment,
+                    ..
+                } => IcrcIp::V4 {
+                    src,
+                    dst,
+                    id: place,
+                    dont_fragment,
+                },
+                v6 => v6,
+            };
             let crc = icrc_bytes(icrc(&ip, home.port, to.dst.port(), buf));
             buf.extend_from_slice(&crc);
         }

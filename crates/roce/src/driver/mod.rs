@@ -24,6 +24,7 @@
 
 mod endpoint;
 mod forward;
+mod gso;
 mod mads;
 mod net;
 mod qpn;

@@ -13,11 +13,13 @@
 //! callers only see [`IpAddr::V4`] for IPv4 traffic. A host without IPv6 (`ipv6.disable=1`)
 //! gets IPv4-only sockets instead, and sends to IPv6 addresses fail (counted as send errors).
 
+use super::gso;
 use nix::sys::socket::{setsockopt, sockopt};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The RoCEv2 UDP port.
 pub const ROCE_PORT: u16 = 4791;
@@ -30,12 +32,27 @@ const SOCKET_BUFFER: usize = 8 << 20;
 pub struct RoceSocket {
     sock: UdpSocket,
     dual: bool,
+    /// `UDP_GRO` is on: a read may return a run of datagrams ([`Received::segment`]).
+    gro: bool,
+    /// Runs to loopback addresses may go as one `UDP_SEGMENT` send (home sockets; cleared
+    /// if the kernel refuses one).
+    gso: AtomicBool,
 }
 
 impl RoceSocket {
     /// True for a dual-stack (IPv6 and IPv4) socket, false for an IPv4-only one.
     pub fn is_dual(&self) -> bool {
         self.dual
+    }
+
+    /// True if runs of datagrams may be sent with `UDP_SEGMENT` (see [`gso`]).
+    pub fn gso(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
+    /// True if reads may return runs of datagrams (`UDP_GRO`).
+    pub fn gro(&self) -> bool {
+        self.gro
     }
 
     /// The bound local address.
@@ -169,7 +186,14 @@ fn open_as(port: u16, reuse_port: bool, home: bool, dual_ok: bool) -> io::Result
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
         };
         s.bind(&any.into())?;
-        Ok(RoceSocket { sock: s.into(), dual })
+        let offload = gso::wanted();
+        let gro = offload && setsockopt_int(&s, libc::SOL_UDP, gso::UDP_GRO, 1).is_ok();
+        Ok(RoceSocket {
+            sock: s.into(),
+            dual,
+            gro,
+            gso: AtomicBool::new(offload && home),
+        })
     };
     if dual_ok {
         match udp_dual().and_then(|s| bind(s, true)) {
@@ -213,6 +237,9 @@ pub struct Received {
     pub hop_limit: Option<u8>,
     /// TOS / traffic class of the IP header, when the kernel reported it.
     pub traffic_class: Option<u8>,
+    /// The buffer holds a run of datagrams of this size (the last may be shorter), which
+    /// the kernel kept together (`UDP_GRO`); see [`gso::segments`].
+    pub segment: Option<usize>,
 }
 
 /// Datagrams sent per `sendmmsg` call at most.
@@ -234,6 +261,10 @@ pub struct TxTo {
 pub struct TxBatch {
     bufs: Vec<Vec<u8>>,
     to: Vec<TxTo>,
+    /// How the datagrams go: `(first, count)`, one send each ([`TxBatch::plan`]).
+    runs: Vec<(usize, usize)>,
+    /// Each datagram's place in its run (its IPv4 Identification under GSO).
+    place: Vec<u16>,
 }
 
 impl TxBatch {
@@ -268,14 +299,41 @@ impl TxBatch {
         self.to.push(to);
     }
 
-    /// The queued datagrams, for finishing touches (the ICRC).
-    pub fn entries_mut(&mut self) -> impl Iterator<Item = (&mut Vec<u8>, TxTo)> {
-        self.bufs.iter_mut().zip(self.to.iter()).map(|(b, &t)| (b, t))
+    /// Decides how the queued datagrams go: with `gso`, runs of equal-size datagrams to
+    /// one loopback destination become single `UDP_SEGMENT` sends ([`gso::plan_runs`]);
+    /// otherwise each goes alone. Call before the ICRCs are appended (their IDs depend on it).
+    pub fn plan(&mut self, gso: bool) {
+        let n = self.to.len();
+        let lens: Vec<usize> = self.bufs[..n].iter().map(|b| b.len()).collect();
+        let to = &self.to;
+        gso::plan_runs(
+            &lens,
+            |i| gso && to[i].dst.ip().to_canonical().is_loopback(),
+            |a, b| to[a] == to[b],
+            &mut self.runs,
+        );
+        self.place.clear();
+        for &(_, count) in &self.runs {
+            self.place.extend((0..count).map(|k| k as u16));
+        }
+    }
+
+    /// The queued datagrams with their place in their run, for finishing touches (the
+    /// ICRC). Without a [`TxBatch::plan`], every place is 0.
+    pub fn entries_mut(&mut self) -> impl Iterator<Item = (&mut Vec<u8>, TxTo, u16)> {
+        let place = &self.place;
+        self.bufs
+            .iter_mut()
+            .zip(self.to.iter())
+            .enumerate()
+            .map(|(i, (b, &t))| (b, t, place.get(i).copied().unwrap_or(0)))
     }
 
     /// Forgets the queued datagrams (keeping the buffers).
     pub fn clear(&mut self) {
         self.to.clear();
+        self.runs.clear();
+        self.place.clear();
     }
 }
 
@@ -329,8 +387,14 @@ fn sock_name(dst: SocketAddr, dual: bool) -> Option<(SockName, libc::socklen_t)>
 }
 
 /// Sends every queued datagram with as few `sendmmsg` calls as possible, each from its source
-/// address (`IP_PKTINFO` / `IPV6_PKTINFO`). Returns (sent, failed); the batch is cleared.
+/// address (`IP_PKTINFO` / `IPV6_PKTINFO`), a planned run ([`TxBatch::plan`]) as one message
+/// with `UDP_SEGMENT`. Returns (sent, failed) datagrams; the batch is cleared.
 pub fn send_batch(sock: &RoceSocket, batch: &mut TxBatch) -> (usize, usize) {
+    let queued = batch.to.len().min(BATCH);
+    if batch.runs.iter().map(|r| r.1).sum::<usize>() != batch.to.len() {
+        // Not planned: one datagram per message.
+        batch.runs = (0..batch.to.len()).map(|i| (i, 1)).collect();
+    }
     // SAFETY: both union members are plain C structs; all-zero is a valid value.
     let mut names: [SockName; BATCH] = unsafe { std::mem::zeroed() };
     let mut iovs: [libc::iovec; BATCH] = [libc::iovec {
@@ -340,54 +404,84 @@ pub fn send_batch(sock: &RoceSocket, batch: &mut TxBatch) -> (usize, usize) {
     let mut cmsgs = [[0u64; CMSG_WORDS]; BATCH];
     // SAFETY: mmsghdr is a plain C struct; all-zero is a valid (empty) value.
     let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+    // Datagrams per message.
+    let mut sizes = [0usize; BATCH];
     let mut failed = 0usize;
     let mut n = 0usize;
-    for (i, to) in batch.to.iter().enumerate().take(BATCH) {
+    for (iov, buf) in iovs.iter_mut().zip(&batch.bufs[..queued]) {
+        *iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+    }
+    for &(first, count) in &batch.runs {
+        if first + count > queued {
+            failed += count;
+            continue;
+        }
+        let to = &batch.to[first];
         let Some((name, name_len)) = sock_name(to.dst, sock.dual) else {
             // An IPv6 destination on an IPv4-only socket: lost, like an unreachable host.
-            failed += 1;
+            failed += count;
             continue;
         };
         names[n] = name;
-        iovs[n] = libc::iovec {
-            iov_base: batch.bufs[i].as_ptr() as *mut libc::c_void,
-            iov_len: batch.bufs[i].len(),
-        };
-        let space = write_tx_cmsgs(&mut cmsgs[n], to);
+        let mut space = write_tx_cmsgs(&mut cmsgs[n], to);
+        if count > 1 {
+            let size = batch.bufs[first].len() as u16;
+            space = put_cmsg(&mut cmsgs[n], space, libc::SOL_UDP, gso::UDP_SEGMENT, size);
+        }
         let h = &mut msgs[n].msg_hdr;
         h.msg_name = &mut names[n] as *mut SockName as *mut libc::c_void;
         h.msg_namelen = name_len;
-        h.msg_iov = &mut iovs[n];
-        h.msg_iovlen = 1;
+        h.msg_iov = &mut iovs[first];
+        h.msg_iovlen = count;
         h.msg_control = cmsgs[n].as_mut_ptr() as *mut libc::c_void;
         h.msg_controllen = space;
+        sizes[n] = count;
         n += 1;
     }
     let mut done = 0usize;
-    let mut skipped = 0usize;
-    while done + skipped < n {
-        let start = done + skipped;
-        // SAFETY: `msgs[start..n]` point into `names`, `iovs`, `cmsgs` and `batch.bufs`, which
+    let mut sent = 0usize;
+    while done < n {
+        // SAFETY: `msgs[done..n]` point into `names`, `iovs`, `cmsgs` and `batch.bufs`, which
         // all outlive the call and are not moved while it runs; the kernel only reads them
         // (and writes `msg_len`).
         let r = unsafe {
             libc::sendmmsg(
                 sock.as_raw_fd(),
-                msgs[start..n].as_mut_ptr(),
-                (n - start) as libc::c_uint,
+                msgs[done..n].as_mut_ptr(),
+                (n - done) as libc::c_uint,
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
         };
         if r > 0 {
+            sent += sizes[done..done + r as usize].iter().sum::<usize>();
             done += r as usize;
         } else {
-            // The first datagram of the rest failed (full buffer, unreachable): drop it, as
+            // The first message of the rest failed (full buffer, unreachable): drop it, as
             // the network would, and go on with the others.
-            skipped += 1;
+            let e = io::Error::last_os_error();
+            if sizes[done] > 1 && refused_gso(&e) && sock.gso.swap(false, Ordering::Relaxed) {
+                tracing::warn!(
+                    "soft-RoCE: the kernel refused a UDP_SEGMENT send ({e}); sending one datagram per packet from now on"
+                );
+            }
+            failed += sizes[done];
+            done += 1;
         }
     }
     batch.clear();
-    (done, failed + skipped)
+    (sent, failed)
+}
+
+/// True for the errors with which the kernel refuses `UDP_SEGMENT` itself (no checksum
+/// offload on the route's device, an unsupported option), rather than one packet.
+fn refused_gso(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
 }
 
 /// Appends one control message to `buf` at byte `at`; returns the new end.
@@ -536,6 +630,7 @@ pub fn recv_batch(sock: &RoceSocket, rx: &mut RxBatch) -> io::Result<usize> {
             dst_ip: c.dst.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
             hop_limit: c.hop_limit,
             traffic_class: c.traffic_class,
+            segment: c.segment,
         });
     }
     Ok(n as usize)
@@ -573,6 +668,7 @@ struct RxInfo {
     dst: Option<IpAddr>,
     hop_limit: Option<u8>,
     traffic_class: Option<u8>,
+    segment: Option<usize>,
 }
 
 /// Reads the destination address (`IP_PKTINFO`/`IPV6_PKTINFO`), TTL/hop limit and
@@ -605,6 +701,9 @@ fn read_rx_cmsgs(h: &libc::msghdr) -> RxInfo {
                 }
                 (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
                     out.traffic_class = int().and_then(|v| u8::try_from(v).ok());
+                }
+                (libc::SOL_UDP, gso::UDP_GRO) => {
+                    out.segment = int().and_then(|v| usize::try_from(v).ok()).filter(|&v| v > 0);
                 }
                 _ => {}
             }
@@ -672,6 +771,57 @@ mod tests {
             a.send_to(b"x", SocketAddr::from((Ipv4Addr::LOCALHOST, port))).unwrap(),
             1
         );
+    }
+
+    #[test]
+    fn a_run_to_loopback_goes_as_one_segmented_send_and_reads_as_one_run() {
+        let (a, _) = bind_home().unwrap();
+        let (b, port) = bind_home().unwrap();
+        assert!(a.gso() && b.gro(), "GSO and GRO are on by default");
+        let to = TxTo {
+            src: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            v6: None,
+        };
+        let mut batch = TxBatch::default();
+        let sizes = [1000usize, 1000, 1000, 400];
+        for (i, &n) in sizes.iter().enumerate() {
+            batch.next_buf().extend(std::iter::repeat_n(i as u8, n));
+            batch.commit(to);
+        }
+        batch.plan(true);
+        let places: Vec<u16> = batch.entries_mut().map(|e| e.2).collect();
+        assert_eq!(places, vec![0, 1, 2, 3], "one run, numbered for the IPv4 IDs");
+        assert_eq!(send_batch(&a, &mut batch), (4, 0));
+        let mut rx = RxBatch::new(65_536);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let mut runs = Vec::new();
+        while got.len() < 4 {
+            assert!(std::time::Instant::now() < deadline, "the run did not arrive");
+            let n = recv_batch(&b, &mut rx).unwrap();
+            for i in 0..n {
+                let (data, r) = rx.datagram(i).unwrap();
+                runs.push(r.segment);
+                got.extend(gso::segments(data, r.segment).map(|d| d.to_vec()));
+            }
+            if n == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        assert_eq!(runs, vec![Some(1000)], "the kernel kept the run together (UDP_GRO)");
+        let lens: Vec<usize> = got.iter().map(|d| d.len()).collect();
+        assert_eq!(lens, sizes);
+        assert!(got.iter().enumerate().all(|(i, d)| d.iter().all(|&x| x == i as u8)));
+
+        // Not planned for GSO (or to a non-loopback address): one datagram per send.
+        for &n in &sizes {
+            batch.next_buf().extend(std::iter::repeat_n(9u8, n));
+            batch.commit(to);
+        }
+        batch.plan(false);
+        assert!(batch.entries_mut().all(|e| e.2 == 0));
+        assert_eq!(send_batch(&a, &mut batch), (4, 0));
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! rewritten headers. A datagram whose ICRC does not verify is left as it was, so a wrong
 //! ICRC stays visible. The canary datagrams that bracket the capture are left out.
 
+mod gso_split;
+
 use std::io::{BufReader, BufWriter, Read};
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
@@ -139,16 +141,32 @@ fn rewrite(raw: &Path, out: &Path, canary: &[u8]) -> Result<(usize, usize), Box<
         let block = block?;
         match block {
             Block::SectionHeader(_) => {}
-            Block::EnhancedPacket(mut epb) => {
+            Block::EnhancedPacket(epb) => {
                 if epb.data.windows(canary.len()).any(|w| w == canary) {
                     continue;
                 }
-                if let Some(new) = readdress(&epb.data) {
-                    epb.data = new.into();
-                    rewritten += 1;
+                // A UDP_SEGMENT run (one frame on lo) goes in as the datagrams it carries.
+                let frames = match readdress(&epb.data) {
+                    Some(new) => vec![(new, true)],
+                    None => match gso_split::split(&epb.data) {
+                        Some(segs) => segs
+                            .into_iter()
+                            .map(|s| match readdress(&s) {
+                                Some(new) => (new, true),
+                                None => (s, false),
+                            })
+                            .collect(),
+                        None => vec![(epb.data.to_vec(), false)],
+                    },
+                };
+                for (data, readdressed) in frames {
+                    let mut one = epb.clone();
+                    one.original_len = data.len() as u32;
+                    one.data = data.into();
+                    rewritten += usize::from(readdressed);
+                    packets += 1;
+                    writer.write_block(&Block::EnhancedPacket(one))?;
                 }
-                packets += 1;
-                writer.write_block(&Block::EnhancedPacket(epb))?;
             }
             other => {
                 writer.write_block(&other)?;
@@ -196,7 +214,7 @@ fn readdress(frame: &[u8]) -> Option<Vec<u8>> {
 
 /// Recomputes the UDP checksum of the IP packet `ip` whose UDP header starts at `l4`
 /// (etherparse, over the IPv4 or IPv6 pseudo header). Leaves it alone if the header is short.
-fn udp_checksum(ip: &mut [u8], l4: usize) {
+pub(super) fn udp_checksum(ip: &mut [u8], l4: usize) {
     let Ok((udp, payload)) = etherparse::UdpHeader::from_slice(&ip[l4..]) else {
         return;
     };
