@@ -97,7 +97,8 @@ fn nothing_listening_is_refused_at_once() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
-/// The same six tests over the soft-RoCE device (RC over UDP, connected by the IB CM).
+/// The same six tests over the soft-RoCE device (RC over UDP; the QPs connected as perftest
+/// connects them, through an exchange of QPN, PSN and GID over TCP).
 #[test]
 fn every_test_over_rxe() {
     for test in common::TESTS {

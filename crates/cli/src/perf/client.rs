@@ -1,10 +1,10 @@
 //! The active side of `softrdma perf`: runs the test per size and prints results.
 
 use super::endpoint::{pick_device, wait_byte, Endpoint, DEPTH, OP_TIMEOUT};
+use super::link;
 use super::proto::{marker, pattern, Reply, Request};
 use super::server::send_bw_window;
 use super::{PerfArgs, Test};
-use softrdma_iwarp::{connect_blocking, ConnectParams};
 use softrdma_verbs::{Access, Mr, SendFlags, SendWr};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -116,13 +116,8 @@ fn run_size(
         addr: local.addr(),
         rkey: local.rkey(),
     };
-    let params = ConnectParams {
-        private_data: req.encode(),
-        crc: args.mpa_crc,
-        timeout: Duration::from_millis(args.timeout_ms),
-        ..ConnectParams::default()
-    };
-    let (conn, pd) = connect_blocking(&ep.qp, dst, params)?;
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let (link, pd) = link::connect(&ep, dev, dst, req.encode(), args.mpa_crc, timeout)?;
     let reply = Reply::decode(&pd)?;
     let verify = !args.no_verify;
     let out = match args.test {
@@ -133,11 +128,7 @@ fn run_size(
         Test::WriteLat => write_lat(&ep, &local, &reply, args.iters, verify),
         Test::ReadLat => read_lat(&ep, &local, &reply, args.iters, verify),
     };
-    conn.disconnect();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !conn.is_closed() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    link.hang_up();
     Ok(out?)
 }
 

@@ -6,7 +6,9 @@
 
 mod client;
 mod endpoint;
+mod link;
 mod proto;
+mod roce_link;
 mod server;
 
 use clap::{Args, ValueEnum};

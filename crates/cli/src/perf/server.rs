@@ -1,13 +1,11 @@
 //! The passive side of `softrdma perf`.
 
 use super::endpoint::{pick_device, wait_byte, Endpoint, OP_TIMEOUT};
+use super::link::{Acceptor, Incoming};
 use super::proto::{marker, pattern, Reply, Request};
 use super::{PerfArgs, Test};
-use softrdma_iwarp::{ConnEvent, ConnRequest, ConnectParams, Listener};
 use softrdma_verbs::{Access, Mr, SendWr};
 use std::net::SocketAddr;
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Receives in flight for send-bw.
@@ -18,10 +16,10 @@ pub fn send_bw_window(size: usize) -> u32 {
 pub fn run(args: &PerfArgs) -> crate::CmdResult {
     let bind = SocketAddr::new(args.bind, args.port);
     let dev = pick_device(args.device.as_deref(), Some(args.bind))?;
-    let (listener, requests) = Listener::bind_queue(bind, 16)?;
-    eprintln!("softrdma perf: listening on {}", listener.local_addr());
+    let acceptor = Acceptor::bind(&dev, bind)?;
+    eprintln!("softrdma perf: listening on {}", acceptor.local_addr()?);
     loop {
-        let req = requests.recv().map_err(|_| "perf server: listener stopped")?;
+        let req = acceptor.next(OP_TIMEOUT)?;
         let last = serve(args, &dev, req)?;
         if last {
             return Ok(());
@@ -33,13 +31,13 @@ pub fn run(args: &PerfArgs) -> crate::CmdResult {
 fn serve(
     args: &PerfArgs,
     dev: &softrdma_verbs::device::DeviceInfo,
-    req: ConnRequest,
+    req: Incoming,
 ) -> Result<bool, Box<dyn std::error::Error>> {
-    let r = match Request::decode(&req.private_data) {
+    let r = match Request::decode(req.private_data()) {
         Ok(r) => r,
         Err(e) => {
-            let peer = req.peer_addr;
-            let _ = req.reject(b"softrdma perf: bad request");
+            let peer = req.peer();
+            req.reject(b"softrdma perf: bad request");
             return Err(format!("perf server: rejected {peer}: {e}").into());
         }
     };
@@ -63,24 +61,12 @@ fn serve(
             ep.qp.post_recv_one(i as u64, buf.sge(i * size, size as u32))?;
         }
     }
-    let (tx, events) = mpsc::channel();
-    let tx = Mutex::new(tx);
-    let sink: softrdma_iwarp::EventSink = Arc::new(move |e: ConnEvent| {
-        if let Ok(t) = tx.lock() {
-            let _ = t.send(e);
-        }
-    });
     let reply = Reply {
         addr: buf.addr(),
         rkey: buf.rkey(),
         len: (size * slots) as u32,
     };
-    let params = ConnectParams {
-        private_data: reply.encode(),
-        crc: args.mpa_crc,
-        ..ConnectParams::default()
-    };
-    let conn = req.accept(&ep.qp, params, sink)?;
+    let mut link = req.accept(&ep, dev, reply.encode(), args.mpa_crc)?;
     let outcome = match r.test {
         Test::SendBw => serve_send_bw(&ep, &buf, &r, slots),
         Test::SendLat => serve_send_lat(&ep, &buf, &r),
@@ -88,15 +74,7 @@ fn serve(
         Test::WriteBw | Test::ReadBw | Test::ReadLat => Ok(()),
     };
     // Wait for the client to hang up (it verifies, then disconnects).
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
-    loop {
-        match events.recv_timeout(Duration::from_millis(200)) {
-            Ok(ConnEvent::Disconnected { .. }) => break,
-            Ok(_) => {}
-            Err(mpsc::RecvTimeoutError::Timeout) if std::time::Instant::now() < deadline && !conn.is_closed() => {}
-            Err(_) => break,
-        }
-    }
+    link.wait_hangup(Duration::from_secs(600));
     outcome?;
     Ok(r.last)
 }

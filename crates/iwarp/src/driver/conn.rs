@@ -802,6 +802,7 @@ impl Source for TcpConn {
 /// Starts an active connection for `qp` to `dst`. Events go to `sink`.
 pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink) -> Result<ConnHandle> {
     handshake::check_private_data(&params.private_data)?;
+    super::check_iwarp_qp(qp, &format!("connect to {dst}"))?;
     match qp.state() {
         QpState::Init | QpState::Rtr => {}
         QpState::Rts if qp.inner().driver().is_none() => {}
@@ -832,6 +833,7 @@ pub fn connect_socket(
     sink: EventSink,
 ) -> Result<ConnHandle> {
     handshake::check_private_data(&params.private_data)?;
+    super::check_iwarp_qp(qp, &format!("connect to {dst}"))?;
     match qp.state() {
         QpState::Init | QpState::Rtr => {}
         QpState::Rts if qp.inner().driver().is_none() => {}

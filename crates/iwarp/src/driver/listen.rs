@@ -414,6 +414,7 @@ impl ConnRequest {
     /// The `Established` event is delivered to `sink` before this returns.
     pub fn accept(mut self, qp: &Qp, params: ConnectParams, sink: EventSink) -> Result<ConnHandle> {
         handshake::check_private_data(&params.private_data)?;
+        super::check_iwarp_qp(qp, &format!("accept from {}", self.peer_addr))?;
         match qp.state() {
             QpState::Init | QpState::Rtr => {}
             QpState::Rts if qp.inner().driver().is_none() => {}

@@ -180,3 +180,20 @@ pub fn wait_held_fins(limit: Duration) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// Refuses a QP of a soft-RoCE device: soft-iWARP's MPA connection would drive it with the
+/// iWARP engine over TCP, not the RoCE transport its device promises.
+pub(crate) fn check_iwarp_qp(qp: &softrdma_verbs::Qp, what: &str) -> softrdma_verbs::Result<()> {
+    let ctx = qp.inner().pd.context();
+    let dev = ctx.device();
+    if dev.transport != softrdma_verbs::device::TransportKind::Iwarp {
+        softrdma_verbs::bail!(
+            Inval,
+            "{what}: QP {} belongs to {}, a soft-RoCE device; soft-iWARP connects only QPs of siw devices \
+             (connect a RoCE QP with rdma_cm, or move it to RTR and RTS with the peer's QPN and GID)",
+            qp.qpn(),
+            dev.name
+        );
+    }
+    Ok(())
+}

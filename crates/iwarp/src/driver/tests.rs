@@ -335,3 +335,41 @@ fn a_terminate_the_peer_does_not_read_is_bounded() {
     );
     drop((s, s2));
 }
+
+#[test]
+fn a_qp_of_a_roce_device_is_refused_with_a_hint() {
+    let lo = device();
+    let roce = device::devices_from(
+        &[device::NetIf {
+            name: "lo".into(),
+            index: 1,
+            flags: device::IfFlags {
+                up: true,
+                running: true,
+                loopback: true,
+            },
+            addrs: lo.addrs.clone(),
+            mtu: 65536,
+            mac: [0; 6],
+            speed_mbps: None,
+        }],
+        None,
+    )
+    .unwrap()
+    .into_iter()
+    .find(|d| d.transport == device::TransportKind::Roce)
+    .expect("a soft-RoCE device on lo");
+    let ctx = Context::open(&roce).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None).unwrap();
+    let qp = Qp::new(&pd, QpInitAttr::rc(&cq, 4, 4), AttrRules::Ibta).unwrap();
+    let (l, _requests) = listener();
+    let err = connect_blocking(&qp, l.local_addr(), ConnectParams::default()).unwrap_err();
+    assert_eq!(err.errno, Errno::Inval);
+    assert!(
+        err.msg
+            .contains(&format!("belongs to {}, a soft-RoCE device", roce.name)),
+        "{}",
+        err.msg
+    );
+}
