@@ -11,7 +11,7 @@ use softrdma_verbs::caller_step::CallerStep;
 use softrdma_verbs::fork::{CloseInChild, PerProcess};
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::{Errno, Error, Result};
-use softrdma_wire::roce::{check_icrc, check_icrc_any_id, icrc, icrc_bytes, IcrcIp};
+use softrdma_wire::roce::{check_icrc, check_icrc_any_id, icrc, icrc_bytes, IcrcIp, ICRC_LEN};
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV6};
@@ -879,7 +879,7 @@ impl Endpoint {
 
     /// Appends each packet's ICRC and sends the batch from `home`.
     pub(crate) fn transmit_batch(&self, home: &Home, batch: &mut net::TxBatch) {
-        batch.plan(home.sock.gso());
+        batch.plan(home.sock.gso(), ICRC_LEN);
         for (buf, to, place) in batch.entries_mut() {
             let ip = match icrc_ip(to.src, to.dst.ip()) {
                 // Packet `place` of a UDP_SEGMENT run leaves with that IPv4 ID (see `gso`).

@@ -301,10 +301,12 @@ impl TxBatch {
 
     /// Decides how the queued datagrams go: with `gso`, runs of equal-size datagrams to
     /// one loopback destination become single `UDP_SEGMENT` sends ([`gso::plan_runs`]);
-    /// otherwise each goes alone. Call before the ICRCs are appended (their IDs depend on it).
-    pub fn plan(&mut self, gso: bool) {
+    /// otherwise each goes alone. Call before the ICRCs are appended (their IDs depend on
+    /// it), with `trailer` the bytes each datagram will still grow by (the ICRC): the runs'
+    /// sizes are what will be sent.
+    pub fn plan(&mut self, gso: bool, trailer: usize) {
         let n = self.to.len();
-        let lens: Vec<usize> = self.bufs[..n].iter().map(|b| b.len()).collect();
+        let lens: Vec<usize> = self.bufs[..n].iter().map(|b| b.len() + trailer).collect();
         let to = &self.to;
         gso::plan_runs(
             &lens,
@@ -475,12 +477,14 @@ pub fn send_batch(sock: &RoceSocket, batch: &mut TxBatch) -> (usize, usize) {
     (sent, failed)
 }
 
-/// True for the errors with which the kernel refuses `UDP_SEGMENT` itself (no checksum
-/// offload on the route's device, an unsupported option), rather than one packet.
+/// True for the errors with which the kernel refuses a `UDP_SEGMENT` send as such (no
+/// checksum offload on the route's device, an unsupported option, a run larger than it
+/// takes), rather than the network losing a packet. Retransmissions would meet the same
+/// refusal, so the socket sends one datagram per packet from then on.
 fn refused_gso(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EMSGSIZE)
     )
 }
 
@@ -789,7 +793,7 @@ mod tests {
             batch.next_buf().extend(std::iter::repeat_n(i as u8, n));
             batch.commit(to);
         }
-        batch.plan(true);
+        batch.plan(true, 0);
         let places: Vec<u16> = batch.entries_mut().map(|e| e.2).collect();
         assert_eq!(places, vec![0, 1, 2, 3], "one run, numbered for the IPv4 IDs");
         assert_eq!(send_batch(&a, &mut batch), (4, 0));
@@ -819,9 +823,34 @@ mod tests {
             batch.next_buf().extend(std::iter::repeat_n(9u8, n));
             batch.commit(to);
         }
-        batch.plan(false);
+        batch.plan(false, 0);
         assert!(batch.entries_mut().all(|e| e.2 == 0));
         assert_eq!(send_batch(&a, &mut batch), (4, 0));
+    }
+
+    #[test]
+    fn runs_stay_within_the_largest_udp_payload_counting_the_icrc() {
+        let (a, _) = bind_home().unwrap();
+        let (_b, port) = bind_home().unwrap();
+        let to = TxTo {
+            src: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            dst: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            v6: None,
+        };
+        let mut batch = TxBatch::default();
+        // 16 packets of 4092 bytes plus a 4-byte ICRC: 16 × 4096 = 65,536 bytes would be
+        // refused (EMSGSIZE), so 15 go as one run and the 16th alone.
+        for _ in 0..16 {
+            batch.next_buf().extend(std::iter::repeat_n(1u8, 4092));
+            batch.commit(to);
+        }
+        batch.plan(true, 4);
+        assert_eq!(batch.runs, vec![(0, 15), (15, 1)]);
+        for (buf, _, _) in batch.entries_mut() {
+            buf.extend_from_slice(&[0; 4]);
+        }
+        assert_eq!(send_batch(&a, &mut batch), (16, 0));
+        assert!(a.gso(), "nothing was refused");
     }
 
     #[test]
