@@ -41,13 +41,7 @@ fn capture_of_same_host_roce_and_iwarp_passes_wirecheck() {
     )
     .wait(TIMEOUT + Duration::from_secs(30));
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    let readdressed: u64 = r
-        .stderr
-        .split("; ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let readdressed = readdressed(&r.stderr);
     assert!(
         readdressed >= 200,
         "same-host RoCE datagrams readdressed: {}",
@@ -100,13 +94,7 @@ fn kernel_segmented_gso_runs_carry_the_icrc_of_their_ipv4_ids() {
     .wait(TIMEOUT + Duration::from_secs(30));
     assert_eq!(r.code, Some(0), "{}", r.describe());
     // 400 data packets and their ACKs; the readdressing checked each ICRC.
-    let readdressed: u64 = r
-        .stderr
-        .split("; ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let readdressed = readdressed(&r.stderr);
     assert!(
         readdressed >= 450,
         "RoCE datagrams with a verified ICRC: {}",
@@ -130,4 +118,15 @@ fn kernel_segmented_gso_runs_carry_the_icrc_of_their_ipv4_ids() {
     let report = wirecheck(&checker, &file, &["roce"]);
     assert!(report.contains("icrc_bad=0"), "{report}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// How many datagrams `softrdma capture` says it readdressed (whose ICRC it verified): the
+/// number after "; " in its summary line, 0 if there is none.
+fn readdressed(stderr: &str) -> u64 {
+    stderr
+        .split("; ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }

@@ -54,8 +54,10 @@ fn segments(frame: &[u8], l4: usize, ip_len: usize, size: usize) -> Option<Vec<V
         if v4 {
             seg[2..4].copy_from_slice(&((l4 + UDP + chunk.len()) as u16).to_be_bytes());
             seg[4..6].copy_from_slice(&first_id.wrapping_add(k as u16).to_be_bytes());
-            seg[10..12].copy_from_slice(&[0, 0]);
-            let sum = ipv4_header_checksum(&seg[..l4]);
+            let sum = etherparse::Ipv4HeaderSlice::from_slice(&seg[..l4])
+                .ok()?
+                .to_header()
+                .calc_header_checksum();
             seg[10..12].copy_from_slice(&sum.to_be_bytes());
         } else {
             seg[4..6].copy_from_slice(&udp_len.to_be_bytes());
@@ -69,18 +71,6 @@ fn segments(frame: &[u8], l4: usize, ip_len: usize, size: usize) -> Option<Vec<V
         out.push(f);
     }
     (out.len() > 1).then_some(out)
-}
-
-/// The IPv4 header checksum of `hdr` (its checksum field zeroed).
-fn ipv4_header_checksum(hdr: &[u8]) -> u16 {
-    let mut sum: u32 = hdr
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 #[cfg(test)]
@@ -135,7 +125,8 @@ mod tests {
             let ip = &s[ETH..];
             assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), k as u16, "IPv4 ID");
             assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), ip.len());
-            assert_eq!(ipv4_header_checksum(&ip[..20]), 0, "a valid header checksum");
+            let h = etherparse::Ipv4HeaderSlice::from_slice(ip).unwrap().to_header();
+            assert_eq!(h.header_checksum, h.calc_header_checksum(), "a valid header checksum");
             let (carried, computed) = icrc_of_ip_packet(ip).unwrap();
             assert_eq!(carried, computed);
             assert_eq!(&ip[28..], &packets[k][..]);

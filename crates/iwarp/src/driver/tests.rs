@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 const BOUND: Duration = Duration::from_secs(5);
 
-fn device() -> device::DeviceInfo {
-    let lo = device::NetIf {
+/// `lo` with 127.0.0.1, as the devices see it.
+fn lo() -> device::NetIf {
+    device::NetIf {
         name: "lo".into(),
         index: 1,
         flags: device::IfFlags {
@@ -33,8 +34,11 @@ fn device() -> device::DeviceInfo {
         mtu: 65536,
         mac: [0; 6],
         speed_mbps: None,
-    };
-    device::devices_from(&[lo], None).unwrap().remove(0)
+    }
+}
+
+fn device() -> device::DeviceInfo {
+    device::devices_from(&[lo()], None).unwrap().remove(0)
 }
 
 struct Ep {
@@ -338,27 +342,11 @@ fn a_terminate_the_peer_does_not_read_is_bounded() {
 
 #[test]
 fn a_qp_of_a_roce_device_is_refused_with_a_hint() {
-    let lo = device();
-    let roce = device::devices_from(
-        &[device::NetIf {
-            name: "lo".into(),
-            index: 1,
-            flags: device::IfFlags {
-                up: true,
-                running: true,
-                loopback: true,
-            },
-            addrs: lo.addrs.clone(),
-            mtu: 65536,
-            mac: [0; 6],
-            speed_mbps: None,
-        }],
-        None,
-    )
-    .unwrap()
-    .into_iter()
-    .find(|d| d.transport == device::TransportKind::Roce)
-    .expect("a soft-RoCE device on lo");
+    let roce = device::devices_from(&[lo()], None)
+        .unwrap()
+        .into_iter()
+        .find(|d| d.transport == device::TransportKind::Roce)
+        .expect("a soft-RoCE device on lo");
     let ctx = Context::open(&roce).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None).unwrap();

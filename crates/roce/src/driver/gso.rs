@@ -33,26 +33,29 @@ pub fn wanted() -> bool {
     !softrdma_verbs::settings::ROCE_GSO.is("0")
 }
 
-/// Cuts a batch of datagrams into runs that may each go as one send: `(first, count)` in
-/// order, covering every datagram once. A run of more than one datagram has `eligible`
-/// members only, with `same(first, j)` for each, all as long as the first except the last
-/// (which may be shorter), at most [`MAX_SEGMENTS`] and [`MAX_PAYLOAD`] bytes.
+/// Cuts a batch of `n` datagrams (datagram `i` is `len_of(i)` bytes long) into runs that may
+/// each go as one send: `(first, count)` in order, covering every datagram once. A run of
+/// more than one datagram has `eligible` members only, with `same(first, j)` for each, all
+/// as long as the first except the last (which may be shorter), at most [`MAX_SEGMENTS`] and
+/// [`MAX_PAYLOAD`] bytes.
 pub fn plan_runs(
-    lens: &[usize],
+    n: usize,
+    len_of: impl Fn(usize) -> usize,
     eligible: impl Fn(usize) -> bool,
     same: impl Fn(usize, usize) -> bool,
     runs: &mut Vec<(usize, usize)>,
 ) {
     runs.clear();
     let mut i = 0;
-    while i < lens.len() {
-        let size = lens[i];
+    while i < n {
+        let size = len_of(i);
         let mut count = 1;
         let mut total = size;
         if eligible(i) && size > 0 {
-            while let Some(&len) = lens.get(i + count) {
+            while i + count < n {
                 let j = i + count;
-                let prev_full = lens[j - 1] == size;
+                let len = len_of(j);
+                let prev_full = len_of(j - 1) == size;
                 if !prev_full
                     || len > size
                     || len == 0
@@ -89,7 +92,7 @@ mod tests {
         same: impl Fn(usize, usize) -> bool,
     ) -> Vec<(usize, usize)> {
         let mut runs = Vec::new();
-        plan_runs(lens, eligible, same, &mut runs);
+        plan_runs(lens.len(), |i| lens[i], eligible, same, &mut runs);
         runs
     }
 

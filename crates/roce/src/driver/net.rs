@@ -305,11 +305,10 @@ impl TxBatch {
     /// it), with `trailer` the bytes each datagram will still grow by (the ICRC): the runs'
     /// sizes are what will be sent.
     pub fn plan(&mut self, gso: bool, trailer: usize) {
-        let n = self.to.len();
-        let lens: Vec<usize> = self.bufs[..n].iter().map(|b| b.len() + trailer).collect();
-        let to = &self.to;
+        let (bufs, to) = (&self.bufs, &self.to);
         gso::plan_runs(
-            &lens,
+            to.len(),
+            |i| bufs[i].len() + trailer,
             |i| gso && to[i].dst.ip().to_canonical().is_loopback(),
             |a, b| to[a] == to[b],
             &mut self.runs,
