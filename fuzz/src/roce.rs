@@ -296,17 +296,7 @@ fn connect_rc(qp: &Qp, flags: u8) {
         min_rnr_timer: 1,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rtr,
-        attr_mask::STATE
-            | attr_mask::AV
-            | attr_mask::PATH_MTU
-            | attr_mask::DEST_QPN
-            | attr_mask::RQ_PSN
-            | attr_mask::MAX_DEST_RD_ATOMIC
-            | attr_mask::MIN_RNR_TIMER,
-    )
-    .unwrap();
+    qp.modify(&rtr, attr_mask::STATE | attr_mask::RC_RTR_REQUIRED).unwrap();
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: sq_psn(flags),
@@ -317,16 +307,7 @@ fn connect_rc(qp: &Qp, flags: u8) {
         max_rd_atomic: 4,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rts,
-        attr_mask::STATE
-            | attr_mask::SQ_PSN
-            | attr_mask::TIMEOUT
-            | attr_mask::RETRY_CNT
-            | attr_mask::RNR_RETRY
-            | attr_mask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    qp.modify(&rts, attr_mask::STATE | attr_mask::RC_RTS_REQUIRED).unwrap();
 }
 
 fn connect_ud(qp: &Qp) {

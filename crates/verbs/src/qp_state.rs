@@ -101,6 +101,10 @@ pub mod attr_mask {
     pub const CAP: u32 = 1 << 19;
     /// dest_qp_num.
     pub const DEST_QPN: u32 = 1 << 20;
+    /// What an RC (or UC) QP must be given on INIT → RTR (IBTA; with [`STATE`] to modify).
+    pub const RC_RTR_REQUIRED: u32 = AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER;
+    /// What an RC (or UC) QP must be given on RTR → RTS (IBTA; with [`STATE`] to modify).
+    pub const RC_RTS_REQUIRED: u32 = SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC;
 }
 
 /// QP types (`enum ibv_qp_type`).
@@ -148,10 +152,7 @@ fn ibta_masks(qp_type: QpType, cur: QpState, new: QpState) -> Option<(u32, u32)>
             if ud {
                 (0, PKEY_INDEX | QKEY)
             } else {
-                (
-                    AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
-                    ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
-                )
+                (RC_RTR_REQUIRED, ALT_PATH | ACCESS_FLAGS | PKEY_INDEX)
             }
         }
         (Rtr, Rts) => {
@@ -159,7 +160,7 @@ fn ibta_masks(qp_type: QpType, cur: QpState, new: QpState) -> Option<(u32, u32)>
                 (SQ_PSN, CUR_STATE | QKEY)
             } else {
                 (
-                    SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC,
+                    RC_RTS_REQUIRED,
                     CUR_STATE | ALT_PATH | ACCESS_FLAGS | MIN_RNR_TIMER | PATH_MIG_STATE,
                 )
             }

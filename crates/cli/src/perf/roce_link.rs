@@ -111,16 +111,7 @@ pub fn connect_qp(ep: &Endpoint, dev: &DeviceInfo, sgid_index: u8, local: &QpInf
         },
         ..QpAttr::default()
     };
-    ep.qp.modify(
-        &rtr,
-        attr_mask::STATE
-            | attr_mask::AV
-            | attr_mask::PATH_MTU
-            | attr_mask::DEST_QPN
-            | attr_mask::RQ_PSN
-            | attr_mask::MAX_DEST_RD_ATOMIC
-            | attr_mask::MIN_RNR_TIMER,
-    )?;
+    ep.qp.modify(&rtr, attr_mask::STATE | attr_mask::RC_RTR_REQUIRED)?;
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: local.psn,
@@ -130,15 +121,7 @@ pub fn connect_qp(ep: &Endpoint, dev: &DeviceInfo, sgid_index: u8, local: &QpInf
         max_rd_atomic: RD_ATOMIC,
         ..QpAttr::default()
     };
-    ep.qp.modify(
-        &rts,
-        attr_mask::STATE
-            | attr_mask::SQ_PSN
-            | attr_mask::TIMEOUT
-            | attr_mask::RETRY_CNT
-            | attr_mask::RNR_RETRY
-            | attr_mask::MAX_QP_RD_ATOMIC,
-    )
+    ep.qp.modify(&rts, attr_mask::STATE | attr_mask::RC_RTS_REQUIRED)
 }
 
 /// The client's side: sends `private` and this QP's address to `dst`, connects the QP to

@@ -203,17 +203,7 @@ fn connect(qp: &Qp, dest: u32, o: &Opts) {
         min_rnr_timer: o.min_rnr_timer,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rtr,
-        attr_mask::STATE
-            | attr_mask::AV
-            | attr_mask::PATH_MTU
-            | attr_mask::DEST_QPN
-            | attr_mask::RQ_PSN
-            | attr_mask::MAX_DEST_RD_ATOMIC
-            | attr_mask::MIN_RNR_TIMER,
-    )
-    .unwrap();
+    qp.modify(&rtr, attr_mask::STATE | attr_mask::RC_RTR_REQUIRED).unwrap();
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: o.sq_psn,
@@ -223,16 +213,7 @@ fn connect(qp: &Qp, dest: u32, o: &Opts) {
         max_rd_atomic: o.ord,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rts,
-        attr_mask::STATE
-            | attr_mask::SQ_PSN
-            | attr_mask::TIMEOUT
-            | attr_mask::RETRY_CNT
-            | attr_mask::RNR_RETRY
-            | attr_mask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    qp.modify(&rts, attr_mask::STATE | attr_mask::RC_RTS_REQUIRED).unwrap();
 }
 
 /// Two connected RC QPs with engines: `a` with `oa`, `b` with `ob` (each side's `rq_psn`
