@@ -179,11 +179,41 @@ fn env_of(run: &Run) -> Vec<(&'static str, String)> {
         ("KPEER_NS", run.ns.clone()),
         ("KPEER_ACCEL", knob("KPEER_ACCEL", "tcg")),
         ("SOFTRDMA_DROPIN", common::dropin_dir().display().to_string()),
+        // run-case.sh asks it (`softrdma stat --json`) what a hung softrdma tool was doing
+        ("KPEER_SOFTRDMA", common::softrdma().display().to_string()),
         ("KPEER_T_SRV", knob("KPEER_T_SRV", "90")),
         ("KPEER_T_CLI", knob("KPEER_T_CLI", "75")),
         // perftest -n: 200 x 64 KiB keeps each capture near 13 MB (TCG time, wirecheck time)
         ("KPEER_PERF_ITERS", knob("KPEER_PERF_ITERS", "200")),
     ]
+}
+
+/// What run-case.sh recorded of a softrdma tool that was still running at its bound (empty if
+/// none was): its QPs' protocol state, the kernel's QPs, its threads' stacks, and the last
+/// packets on the wire.
+fn hang_report(res: &Path) -> String {
+    let hang = res.join("hang.txt");
+    if !hang.exists() {
+        return String::new();
+    }
+    let stacks = std::fs::read_to_string(res.join("hang-stacks.txt")).unwrap_or_default();
+    // Where each thread waits: its header, its innermost frame, and softrdma's own frames.
+    let frames: Vec<String> = stacks
+        .lines()
+        .filter(|l| {
+            let inlined = l.trim_start_matches(|c: char| c == '#' || c == ' ' || c.is_ascii_digit());
+            let f = l.split_once(" in ").map_or(inlined, |(_, f)| f);
+            l.starts_with("Thread ") || l.starts_with("#0 ") || f.starts_with("softrdma")
+        })
+        .take(80)
+        .map(|l| l.chars().take(200).collect())
+        .collect();
+    format!(
+        "\n--- softrdma at the bound (hang.txt)\n{}\n--- its threads (hang-stacks.txt, softrdma frames)\n{}\n--- the last packets (decode.txt)\n{}",
+        tail(&hang, 60),
+        frames.join("\n"),
+        tail(&res.join("decode.txt"), 30)
+    )
 }
 
 /// Runs a harness script with a bound; returns (success, stdout + stderr).
@@ -338,13 +368,14 @@ fn run_case(case: &Case, dir: &str, mode: Mode) -> Result<(), Failed> {
     };
     if !verdict.contains(" PASS ") {
         return Err(format!(
-            "{} {dir}: {}\n{text}\n--- info\n{}\n--- server.log (tail)\n{}\n--- client.log (tail)\n{}\n--- guest dmesg (tail)\n{}\n(all in {})",
+            "{} {dir}: {}\n{text}\n--- info\n{}\n--- server.log (tail)\n{}\n--- client.log (tail)\n{}\n--- guest dmesg (tail)\n{}{}\n(all in {})",
             case.name,
             verdict.trim(),
             tail(&res.join("info"), 10),
             tail(&res.join("server.log"), 25),
             tail(&res.join("client.log"), 25),
             tail(&res.join("dmesg.txt"), 25),
+            hang_report(&res),
             res.display()
         )
         .into());

@@ -27,7 +27,8 @@ fn counter(q: &Value, name: &str) -> u64 {
 
 /// Runs an `ib_write_bw` pair for a few seconds and, while it runs, asks `softrdma stat --json`
 /// until both processes show an RC QP on `device` that moved data (one way: the passive side
-/// of an iWARP WRITE stream sends nothing; TCP acknowledges).
+/// of an iWARP WRITE stream sends nothing; TCP acknowledges) and, over RoCE, its engine's
+/// sequence state.
 fn counters_of_a_running_pair(device: &str, transport: &str, extra: &[&str]) {
     let port = free_port().to_string();
     let mut args = vec!["-d", device, "-D", "4", "-p", port.as_str()];
@@ -48,6 +49,11 @@ fn counters_of_a_running_pair(device: &str, transport: &str, extra: &[&str]) {
                     && q["qp_type"] == "RC"
                     && counter(q, "tx_packets") + counter(q, "rx_packets") > 100
                     && counter(q, "tx_bytes") + counter(q, "rx_bytes") > 1 << 20
+                    // a RoCE RC QP also shows its protocol state (PSNs, queued work, timers)
+                    && (transport != "roce"
+                        || q["engine"]
+                            .as_str()
+                            .is_some_and(|e| e.starts_with("sq: una ") && e.contains("; rq: epsn ")))
             })
         };
         if moved(spid) && moved(cpid) {

@@ -74,6 +74,10 @@ pub struct QpStats {
     pub state: String,
     /// The counters.
     pub counters: QpCounters,
+    /// The transport engine's protocol state in one line (RoCE RC: PSNs, queued work,
+    /// timers), when the transport can tell: what a stalled QP is waiting for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl QpStats {
@@ -86,6 +90,7 @@ impl QpStats {
             qp_type: format!("{:?}", qp.qp_type).to_uppercase(),
             state: qp.state().to_string(),
             counters,
+            engine: None,
         }
     }
 }
@@ -236,6 +241,7 @@ mod tests {
                     tx_packets: u64::from(self.0),
                     ..Default::default()
                 },
+                engine: None,
             })
         }
     }

@@ -442,7 +442,12 @@ impl softrdma_verbs::stats::CounterSource for Slot {
     fn qp_stats(&self) -> Option<softrdma_verbs::stats::QpStats> {
         use softrdma_verbs::stats::{QpCounters, QpStats};
         let qp = self.qp.get()?.upgrade()?;
-        let mut counters = match lock(&self.engine).as_ref() {
+        let guard = lock(&self.engine);
+        let engine = match guard.as_ref() {
+            Some(Engine::Rc { eng, .. }) => Some(eng.summary(Instant::now())),
+            _ => None,
+        };
+        let mut counters = match guard.as_ref() {
             Some(Engine::Rc { eng, .. }) => {
                 let s = eng.stats();
                 let errors = |n: &crate::engine::NakCounts| n.remote_access + n.invalid_request + n.remote_operational;
@@ -469,9 +474,13 @@ impl softrdma_verbs::stats::CounterSource for Slot {
             }
             None => QpCounters::default(),
         };
+        drop(guard);
         counters.tx_bytes = self.tx_bytes.load(Ordering::Relaxed);
         counters.rx_bytes = self.rx_bytes.load(Ordering::Relaxed);
-        Some(QpStats::of(&qp, "roce", counters))
+        Some(QpStats {
+            engine,
+            ..QpStats::of(&qp, "roce", counters)
+        })
     }
 }
 

@@ -320,6 +320,16 @@ impl RcEngine {
         self.stats
     }
 
+    /// The requester's and the responder's sequence state in one line (PSNs, queued work,
+    /// timers), for `softrdma stat --json`: what a stalled QP is waiting for.
+    pub fn summary(&self, now: Instant) -> String {
+        let error = match &self.error {
+            Some(e) => format!("; failed: {e}"),
+            None => String::new(),
+        };
+        format!("sq: {}; rq: {}{error}", self.req.summary(now), self.resp.summary())
+    }
+
     /// Why the QP went to ERR, if it did.
     pub fn error(&self) -> Option<&RcError> {
         self.error.as_ref()

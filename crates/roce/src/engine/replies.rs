@@ -93,6 +93,11 @@ impl Replies {
         self.originals
     }
 
+    /// Replies queued.
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// True when nothing waits.
     pub(crate) fn is_empty(&self) -> bool {
         self.queue.is_empty()

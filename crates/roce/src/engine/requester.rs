@@ -315,6 +315,30 @@ impl Requester {
         self.ops.is_empty()
     }
 
+    /// Its sequence state in one line, for `softrdma stat` (diagnosing a stalled QP).
+    pub(crate) fn summary(&self, now: Instant) -> String {
+        let ms = |t: Option<Instant>| match t {
+            Some(t) if t > now => format!("in {} ms", (t - now).as_millis()),
+            Some(_) => "due".into(),
+            None => "off".into(),
+        };
+        format!(
+            "una {} next {} sent_hi {} tail {} ops {} (cursor {}) ack timer {} retries left {}{}",
+            self.una,
+            self.next_psn,
+            self.sent_hi,
+            self.tail_psn,
+            self.ops.len(),
+            self.cursor,
+            ms(self.ack_timer.deadline()),
+            self.retry_left,
+            match self.rnr_until {
+                Some(t) => format!(" rnr wait {}", ms(Some(t))),
+                None => String::new(),
+            }
+        )
+    }
+
     /// True while RNR-waiting.
     pub(super) fn rnr_waiting(&self) -> bool {
         self.rnr_until.is_some()

@@ -304,6 +304,23 @@ impl Responder {
         self.cur.take().and_then(InMessage::into_recv)
     }
 
+    /// Its sequence state in one line, for `softrdma stat` (diagnosing a stalled QP).
+    pub(crate) fn summary(&self) -> String {
+        let cur = match &self.cur {
+            Some(InMessage::Send { received, capacity, .. }) => format!(" in SEND {received}/{capacity} B"),
+            Some(InMessage::Write { placed, total, .. }) => format!(" in WRITE {placed}/{total} B"),
+            None => String::new(),
+        };
+        format!(
+            "epsn {} msn {}{cur} unacked {}{} replies {}",
+            self.epsn,
+            self.msn,
+            self.unacked,
+            if self.nak_sent { " nak sent" } else { "" },
+            self.replies.len()
+        )
+    }
+
     /// True when no reply waits.
     pub(crate) fn idle(&self) -> bool {
         self.replies.is_empty()
