@@ -134,11 +134,12 @@ impl Proc {
                 break status;
             }
             if Instant::now() > deadline {
+                let stacks = stacks_of_tree(self.child.id());
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 let partial = self.collect(None);
                 panic!(
-                    "{} did not finish within {timeout:?}\n{}{context}",
+                    "{} did not finish within {timeout:?}\n{}{context}\n--- where it waited\n{stacks}",
                     self.desc,
                     partial.describe()
                 );
@@ -171,6 +172,56 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Where a hung process and its descendants (a forked child) wait: every thread's stack from
+/// gdb, without the frames of the Rust runtime. Bounded (30 s per process).
+pub fn stacks_of_tree(pid: u32) -> String {
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while i < pids.len() && pids.len() < 16 {
+        if let Ok(o) = Command::new("pgrep").arg("-P").arg(pids[i].to_string()).output() {
+            pids.extend(
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        i += 1;
+    }
+    let mut out = String::new();
+    for p in pids {
+        let bt = Command::new("timeout")
+            .args([
+                "30",
+                "gdb",
+                "-p",
+                &p.to_string(),
+                "-batch",
+                "-ex",
+                "thread apply all bt 30",
+            ])
+            .stdin(Stdio::null())
+            .output();
+        let text = match bt {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => format!("(no stacks: gdb: {e})"),
+        };
+        let runtime = ["std::", "core::", "alloc::", "__rust", "<alloc::", "<core::", "<std::"];
+        let frames: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("Thread ") || l.starts_with('#') || l.starts_with("(no stacks"))
+            .filter(|l| {
+                let f = l.split_once(" in ").map_or(*l, |(_, f)| f);
+                let f = f.trim_start_matches(|c: char| c == '#' || c == ' ' || c.is_ascii_digit());
+                !runtime.iter().any(|r| f.starts_with(r))
+            })
+            .take(150)
+            .map(|l| l.chars().take(180).collect())
+            .collect();
+        out += &format!("process {p}:\n{}\n", frames.join("\n"));
+    }
+    out
 }
 
 /// Runs `cmd` to completion within [`TIMEOUT`].
