@@ -5,7 +5,7 @@ use super::psn::Psn;
 use super::sendop::Position;
 use super::stats::RcStats;
 use softrdma_verbs::mr::{KeyError, MrInner};
-use softrdma_wire::roce::{Aeth, AtomicAckEth, Bth, NakCode, RoceHeaders, RoceOpcode, AETH_CREDITS_INVALID};
+use softrdma_wire::roce::{pad_len, Aeth, AtomicAckEth, Bth, NakCode, RoceHeaders, RoceOpcode, AETH_CREDITS_INVALID};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -73,8 +73,6 @@ pub(crate) struct Replies {
     originals: u32,
     /// Queue length beyond which duplicate-triggered replies are dropped.
     cap: usize,
-    /// Response payload staging buffer.
-    scratch: Vec<u8>,
 }
 
 impl Replies {
@@ -84,7 +82,6 @@ impl Replies {
             queue: VecDeque::new(),
             originals: 0,
             cap,
-            scratch: Vec::new(),
         }
     }
 
@@ -188,7 +185,8 @@ impl Replies {
             b
         };
         let mut finished = true;
-        self.scratch.clear();
+        // A READ response's payload: (memory, offset, length, PSN), read straight behind the headers.
+        let mut source = None;
         let headers = match front {
             Reply::Ack { psn, msn } => {
                 stats.acks_sent += 1;
@@ -220,9 +218,7 @@ impl Replies {
                 let off = (k as usize).saturating_mul(mtu);
                 let len = (r.len as usize).saturating_sub(off).min(mtu);
                 if let Some((mr, base)) = &r.target {
-                    if !mr.region.append_to(base.saturating_add(off), len, &mut self.scratch) {
-                        return Err(ReadFailure { psn });
-                    }
+                    source = Some((mr, base.saturating_add(off), len, psn));
                 }
                 let pos = Position::of(k, r.npkts);
                 let op = match pos {
@@ -242,7 +238,15 @@ impl Replies {
             }
         };
         out.clear();
-        headers.emit(&self.scratch, out);
+        let len = source.map_or(0, |(_, _, len, _)| len);
+        headers.emit_headers(len, out);
+        if let Some((mr, at, len, psn)) = source {
+            if !mr.region.append_to(at, len, out) {
+                out.clear();
+                return Err(ReadFailure { psn });
+            }
+        }
+        out.extend_from_slice(&[0u8; 3][..pad_len(len)]);
         if finished {
             if let Some(done) = self.queue.pop_front() {
                 if done.is_original() {

@@ -10,7 +10,7 @@ use super::timers::{earliest, ib_timeout, AckTimer};
 use softrdma_verbs::qp::{QpAttr, SendWqe};
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcStatus, WrOpcode};
-use softrdma_wire::roce::{AtomicEth, Bth, Reth, RoceHeaders, RoceOpcode};
+use softrdma_wire::roce::{pad_len, AtomicEth, Bth, Reth, RoceHeaders, RoceOpcode};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -46,8 +46,6 @@ pub(crate) struct Requester {
     /// A WR was taken from the send queue: the starting PSN is fixed.
     started: bool,
     pub(super) cfg: RcConfig,
-    /// Payload staging buffer.
-    scratch: Vec<u8>,
 }
 
 impl Requester {
@@ -70,7 +68,6 @@ impl Requester {
             rewound_for: None,
             started: false,
             cfg: cfg.clone(),
-            scratch: Vec::with_capacity(cfg.mtu),
         }
     }
 
@@ -173,7 +170,6 @@ impl Requester {
         let k = op.next_pkt;
         let psn = op.first_psn.add(k);
         let pos = Position::of(k, op.npkts);
-        self.scratch.clear();
         let (opcode, after) = match op.kind {
             OpKind::Send { imm, inv } => (send_opcode(pos, imm.is_some(), inv.is_some()), k + 1),
             OpKind::Write { imm } => (write_opcode(pos, imm.is_some()), k + 1),
@@ -182,20 +178,14 @@ impl Requester {
             OpKind::Atomic { cmp_swap: false } => (RoceOpcode::RcFetchAdd, op.npkts),
         };
         let off = k as usize * mtu;
-        if matches!(op.kind, OpKind::Send { .. } | OpKind::Write { .. }) {
-            let len = (op.len as usize).saturating_sub(off).min(mtu);
-            if !op.payload.gather(off, len, &mut self.scratch) {
-                op.failed = Some((WcStatus::LocProtErr, "source buffer no longer readable".into()));
-                return false;
-            }
-        }
+        let len = match op.kind {
+            OpKind::Send { .. } | OpKind::Write { .. } => (op.len as usize).saturating_sub(off).min(mtu),
+            _ => 0,
+        };
         let next_psn = op.first_psn.add(after);
-        self.since_ackreq += 1;
+        let since_ackreq = self.since_ackreq + 1;
         let ends = pos.ends() || op.is_rd_atomic();
-        let ack_req = ends || self.since_ackreq >= (window / 2).max(1) || next_psn.offset_from(self.una) >= window;
-        if ack_req {
-            self.since_ackreq = 0;
-        }
+        let ack_req = ends || since_ackreq >= (window / 2).max(1) || next_psn.offset_from(self.una) >= window;
         let mut bth = Bth::new(opcode, self.cfg.dest_qpn, psn.get());
         bth.pkey = self.cfg.pkey;
         bth.ack_req = ack_req;
@@ -236,8 +226,16 @@ impl Requester {
             }
             OpKind::Send { .. } => {}
         }
+        // The payload goes from the source buffers straight behind the headers.
         out.clear();
-        h.emit(&self.scratch, out);
+        h.emit_headers(len, out);
+        if len > 0 && !op.payload.gather(off, len, out) {
+            out.clear();
+            op.failed = Some((WcStatus::LocProtErr, "source buffer no longer readable".into()));
+            return false;
+        }
+        out.extend_from_slice(&[0u8; 3][..pad_len(len)]);
+        self.since_ackreq = if ack_req { 0 } else { since_ackreq };
         op.next_pkt = after;
         if psn.before(self.sent_hi) {
             stats.retransmitted_packets += 1;

@@ -12,7 +12,7 @@ use softrdma_verbs::qp::SendWqe;
 use softrdma_verbs::wr::wc_flags;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
-use softrdma_wire::roce::{Bth, Deth, RoceHeaders, RoceOpcode, RocePacket, ICRC_LEN, QPN_MASK};
+use softrdma_wire::roce::{pad_len, Bth, Deth, RoceHeaders, RoceOpcode, RocePacket, ICRC_LEN, QPN_MASK};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,7 +57,6 @@ pub struct UdEngine {
     stats: UdStats,
     flushed: bool,
     reset: bool,
-    scratch: Vec<u8>,
 }
 
 impl UdEngine {
@@ -72,7 +71,6 @@ impl UdEngine {
             stats: UdStats::default(),
             flushed: false,
             reset: false,
-            scratch: Vec::new(),
         }
     }
 
@@ -213,14 +211,9 @@ impl UdEngine {
                 Err(e) => return Err((WcStatus::LocProtErr, format!("SGE {e}"))),
             },
         };
-        self.scratch.clear();
-        if !payload.gather(0, len as usize, &mut self.scratch) {
-            return Err((WcStatus::LocProtErr, "source buffer not readable".into()));
-        }
         let mut bth = Bth::new(opcode, ud.remote_qpn, self.psn.get());
         bth.pkey = self.cfg.pkey;
         bth.solicited = wr.flags.contains(SendFlags::SOLICITED);
-        self.psn = self.psn.add(1);
         let mut h = RoceHeaders::new(bth);
         let qkey = if ud.remote_qkey & QKEY_USE_OWN != 0 {
             self.cfg.qkey
@@ -232,7 +225,15 @@ impl UdEngine {
             src_qp: self.cfg.local_qpn,
         });
         h.imm = imm;
-        h.emit(&self.scratch, out);
+        // The payload goes from the source buffers straight behind the headers.
+        let start = out.len();
+        h.emit_headers(len as usize, out);
+        if !payload.gather(0, len as usize, out) {
+            out.truncate(start);
+            return Err((WcStatus::LocProtErr, "source buffer not readable".into()));
+        }
+        out.extend_from_slice(&[0u8; 3][..pad_len(len as usize)]);
+        self.psn = self.psn.add(1);
         Ok(UdTransmit {
             dgid: ud.ah.dgid,
             sgid_index: ud.ah.sgid_index,

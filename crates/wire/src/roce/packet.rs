@@ -123,6 +123,15 @@ impl RoceHeaders {
     /// In debug builds, asserts that the present headers match the opcode and that
     /// opcodes without payload get none.
     pub fn emit(&self, payload: &[u8], out: &mut Vec<u8>) {
+        self.emit_headers(payload.len(), out);
+        out.extend_from_slice(payload);
+        out.extend_from_slice(&[0u8; 3][..pad_len(payload.len())]);
+    }
+
+    /// Appends the headers [`emit`](Self::emit) writes before `payload_len` payload bytes (the
+    /// BTH's pad count included). The caller then appends the payload itself (from wherever
+    /// it lies, without staging it) and [`pad_len`]`(payload_len)` zero bytes.
+    pub fn emit_headers(&self, payload_len: usize, out: &mut Vec<u8>) {
         debug_assert!(
             self.matches_opcode(),
             "extension headers {:?} do not match opcode {:?}",
@@ -130,12 +139,12 @@ impl RoceHeaders {
             self.bth.opcode
         );
         debug_assert!(
-            payload.is_empty() || self.bth.opcode.has_payload(),
+            payload_len == 0 || self.bth.opcode.has_payload(),
             "{:?} carries no payload",
             self.bth.opcode
         );
-        let pad = pad_len(payload.len());
-        out.reserve(self.header_len() + payload.len() + pad);
+        let pad = pad_len(payload_len);
+        out.reserve(self.header_len() + payload_len + pad);
         let mut bth = [0u8; BTH_LEN];
         Bth {
             pad_count: pad as u8,
@@ -164,8 +173,6 @@ impl RoceHeaders {
         if let Some(i) = self.ieth {
             out.extend_from_slice(&i.to_be_bytes());
         }
-        out.extend_from_slice(payload);
-        out.extend_from_slice(&[0u8; 3][..pad]);
     }
 
     /// Length [`emit`](Self::emit) produces for `payload_len` payload bytes.
