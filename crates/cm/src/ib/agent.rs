@@ -178,20 +178,12 @@ impl Agent {
             }),
         };
         mad_io::send(IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V4(Ipv4Addr::LOCALHOST), &m);
-        let deadline = Instant::now() + limit;
-        let mut seen = lock(&self.barrier_seen);
-        while *seen < token {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            seen = self
-                .barrier_cv
-                .wait_timeout(seen, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
+        let seen = lock(&self.barrier_seen);
+        let (seen, _) = self
+            .barrier_cv
+            .wait_timeout_while(seen, limit, |seen| *seen < token)
+            .unwrap_or_else(|p| p.into_inner());
+        *seen >= token
     }
 
     pub(crate) fn tables(&self) -> MutexGuard<'_, Tables> {

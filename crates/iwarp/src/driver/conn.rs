@@ -801,6 +801,21 @@ impl Source for TcpConn {
 
 /// Starts an active connection for `qp` to `dst`. Events go to `sink`.
 pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink) -> Result<ConnHandle> {
+    check_connectable(qp, dst, &params)?;
+    let sock = Socket::new(addr_domain(&dst), Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| Error::os(format!("connect to {dst}: socket"), &e))?;
+    if let Some(src) = params.src {
+        // As siw's active side: the port is usable again at once after the connection.
+        let _ = sock.set_reuse_address(true);
+        sock.bind(&src.into())
+            .map_err(|e| Error::os(format!("connect to {dst}: bind {src}"), &e))?;
+    }
+    connect_checked(sock, qp, dst, params, sink)
+}
+
+/// What [`connect`] and [`connect_socket`] refuse before they touch the network: private data
+/// too long, a QP that is not soft-iWARP's, or one in a state that cannot connect.
+fn check_connectable(qp: &Qp, dst: SocketAddr, params: &ConnectParams) -> Result<()> {
     handshake::check_private_data(&params.private_data)?;
     super::check_iwarp_qp(qp, &format!("connect to {dst}"))?;
     match qp.state() {
@@ -812,15 +827,7 @@ pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink)
             qp.qpn()
         ),
     }
-    let sock = Socket::new(addr_domain(&dst), Type::STREAM, Some(Protocol::TCP))
-        .map_err(|e| Error::os(format!("connect to {dst}: socket"), &e))?;
-    if let Some(src) = params.src {
-        // As siw's active side: the port is usable again at once after the connection.
-        let _ = sock.set_reuse_address(true);
-        sock.bind(&src.into())
-            .map_err(|e| Error::os(format!("connect to {dst}: bind {src}"), &e))?;
-    }
-    connect_socket(sock, qp, dst, params, sink)
+    Ok(())
 }
 
 /// Like [`connect`], from a socket the caller already created (and possibly bound, e.g. to
@@ -832,17 +839,18 @@ pub fn connect_socket(
     params: ConnectParams,
     sink: EventSink,
 ) -> Result<ConnHandle> {
-    handshake::check_private_data(&params.private_data)?;
-    super::check_iwarp_qp(qp, &format!("connect to {dst}"))?;
-    match qp.state() {
-        QpState::Init | QpState::Rtr => {}
-        QpState::Rts if qp.inner().driver().is_none() => {}
-        s => bail!(
-            Inval,
-            "connect QP {} to {dst}: the QP is in {s}; it must be INIT or RTR",
-            qp.qpn()
-        ),
-    }
+    check_connectable(qp, dst, &params)?;
+    connect_checked(sock, qp, dst, params, sink)
+}
+
+/// [`connect_socket`] once [`check_connectable`] passed.
+fn connect_checked(
+    sock: Socket,
+    qp: &Qp,
+    dst: SocketAddr,
+    params: ConnectParams,
+    sink: EventSink,
+) -> Result<ConnHandle> {
     sock.set_nodelay(true).map_err(|e| Error::os("TCP_NODELAY", &e))?;
     sock.set_cloexec(true).map_err(|e| Error::os("FD_CLOEXEC", &e))?;
     if let Some(tos) = params.tos {
