@@ -201,9 +201,7 @@ fn hang_report(res: &Path) -> String {
     let frames: Vec<String> = stacks
         .lines()
         .filter(|l| {
-            let inlined = l.trim_start_matches(|c: char| c == '#' || c == ' ' || c.is_ascii_digit());
-            let f = l.split_once(" in ").map_or(inlined, |(_, f)| f);
-            l.starts_with("Thread ") || l.starts_with("#0 ") || f.starts_with("softrdma")
+            l.starts_with("Thread ") || l.starts_with("#0 ") || common::frame_function(l).starts_with("softrdma")
         })
         .take(80)
         .map(|l| l.chars().take(200).collect())

@@ -211,17 +211,22 @@ pub fn stacks_of_tree(pid: u32) -> String {
         let frames: Vec<String> = text
             .lines()
             .filter(|l| l.starts_with("Thread ") || l.starts_with('#') || l.starts_with("(no stacks"))
-            .filter(|l| {
-                let f = l.split_once(" in ").map_or(*l, |(_, f)| f);
-                let f = f.trim_start_matches(|c: char| c == '#' || c == ' ' || c.is_ascii_digit());
-                !runtime.iter().any(|r| f.starts_with(r))
-            })
+            .filter(|l| !runtime.iter().any(|r| frame_function(l).starts_with(r)))
             .take(150)
             .map(|l| l.chars().take(180).collect())
             .collect();
         out += &format!("process {p}:\n{}\n", frames.join("\n"));
     }
     out
+}
+
+/// The function a gdb backtrace line names: after " in " (`#3  0x... in f (...)`), or after
+/// the frame number for an inlined frame (`#4  f (...)`).
+pub fn frame_function(line: &str) -> &str {
+    match line.split_once(" in ") {
+        Some((_, f)) => f,
+        None => line.trim_start_matches(|c: char| c == '#' || c == ' ' || c.is_ascii_digit()),
+    }
 }
 
 /// Runs `cmd` to completion within [`TIMEOUT`].

@@ -442,16 +442,11 @@ impl softrdma_verbs::stats::CounterSource for Slot {
     fn qp_stats(&self) -> Option<softrdma_verbs::stats::QpStats> {
         use softrdma_verbs::stats::{QpCounters, QpStats};
         let qp = self.qp.get()?.upgrade()?;
-        let guard = lock(&self.engine);
-        let engine = match guard.as_ref() {
-            Some(Engine::Rc { eng, .. }) => Some(eng.summary(Instant::now())),
-            _ => None,
-        };
-        let mut counters = match guard.as_ref() {
+        let (mut counters, engine) = match lock(&self.engine).as_ref() {
             Some(Engine::Rc { eng, .. }) => {
                 let s = eng.stats();
                 let errors = |n: &crate::engine::NakCounts| n.remote_access + n.invalid_request + n.remote_operational;
-                QpCounters {
+                let counters = QpCounters {
                     tx_packets: s.tx_packets,
                     rx_packets: s.rx_packets,
                     retransmissions: s.retransmitted_packets,
@@ -461,20 +456,21 @@ impl softrdma_verbs::stats::CounterSource for Slot {
                     rnr: s.naks_sent.rnr + s.naks_received.rnr,
                     errors: s.dropped_invalid + errors(&s.naks_sent) + errors(&s.naks_received),
                     ..Default::default()
-                }
+                };
+                (counters, Some(eng.summary(Instant::now())))
             }
             Some(Engine::Ud { eng, .. }) => {
                 let s = eng.stats();
-                QpCounters {
+                let counters = QpCounters {
                     tx_packets: s.tx_packets,
                     rx_packets: s.rx_packets,
                     errors: s.rx_dropped_qkey + s.rx_dropped_invalid + s.rx_length_errors + s.tx_errors,
                     ..Default::default()
-                }
+                };
+                (counters, None)
             }
-            None => QpCounters::default(),
+            None => (QpCounters::default(), None),
         };
-        drop(guard);
         counters.tx_bytes = self.tx_bytes.load(Ordering::Relaxed);
         counters.rx_bytes = self.rx_bytes.load(Ordering::Relaxed);
         Some(QpStats {

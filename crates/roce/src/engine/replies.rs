@@ -5,7 +5,7 @@ use super::psn::Psn;
 use super::sendop::Position;
 use super::stats::RcStats;
 use softrdma_verbs::mr::{KeyError, MrInner};
-use softrdma_wire::roce::{pad_len, Aeth, AtomicAckEth, Bth, NakCode, RoceHeaders, RoceOpcode, AETH_CREDITS_INVALID};
+use softrdma_wire::roce::{push_pad, Aeth, AtomicAckEth, Bth, NakCode, RoceHeaders, RoceOpcode, AETH_CREDITS_INVALID};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -246,7 +246,7 @@ impl Replies {
                 return Err(ReadFailure { psn });
             }
         }
-        out.extend_from_slice(&[0u8; 3][..pad_len(len)]);
+        push_pad(out, len);
         if finished {
             if let Some(done) = self.queue.pop_front() {
                 if done.is_original() {

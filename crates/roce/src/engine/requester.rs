@@ -10,7 +10,7 @@ use super::timers::{earliest, ib_timeout, AckTimer};
 use softrdma_verbs::qp::{QpAttr, SendWqe};
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcStatus, WrOpcode};
-use softrdma_wire::roce::{pad_len, AtomicEth, Bth, Reth, RoceHeaders, RoceOpcode};
+use softrdma_wire::roce::{push_pad, AtomicEth, Bth, Reth, RoceHeaders, RoceOpcode};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -234,7 +234,7 @@ impl Requester {
             op.failed = Some((WcStatus::LocProtErr, "source buffer no longer readable".into()));
             return false;
         }
-        out.extend_from_slice(&[0u8; 3][..pad_len(len)]);
+        push_pad(out, len);
         self.since_ackreq = if ack_req { 0 } else { since_ackreq };
         op.next_pkt = after;
         if psn.before(self.sent_hi) {

@@ -12,7 +12,7 @@ use softrdma_verbs::qp::SendWqe;
 use softrdma_verbs::wr::wc_flags;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
-use softrdma_wire::roce::{pad_len, Bth, Deth, RoceHeaders, RoceOpcode, RocePacket, ICRC_LEN, QPN_MASK};
+use softrdma_wire::roce::{push_pad, Bth, Deth, RoceHeaders, RoceOpcode, RocePacket, ICRC_LEN, QPN_MASK};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -232,7 +232,7 @@ impl UdEngine {
             out.truncate(start);
             return Err((WcStatus::LocProtErr, "source buffer not readable".into()));
         }
-        out.extend_from_slice(&[0u8; 3][..pad_len(len as usize)]);
+        push_pad(out, len as usize);
         self.psn = self.psn.add(1);
         Ok(UdTransmit {
             dgid: ud.ah.dgid,

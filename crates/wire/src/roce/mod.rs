@@ -44,4 +44,4 @@ pub use self::icrc::{
     IcrcIp, ICRC_LEN, ICRC_MISMATCH, ROCE_V2_UDP_PORT,
 };
 pub use self::opcode::{HeaderSet, RoceOpcode};
-pub use self::packet::{pad_len, RoceHeaders, RocePacket};
+pub use self::packet::{pad_len, push_pad, RoceHeaders, RocePacket};

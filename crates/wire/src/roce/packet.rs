@@ -18,6 +18,11 @@ pub fn pad_len(payload_len: usize) -> usize {
     payload_len.wrapping_neg() % 4
 }
 
+/// Appends the pad after a payload of `payload_len` bytes ([`pad_len`] zero bytes).
+pub fn push_pad(out: &mut Vec<u8>, payload_len: usize) {
+    out.extend_from_slice(&[0u8; 3][..pad_len(payload_len)]);
+}
+
 /// BTH plus the extension headers of one packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoceHeaders {
@@ -125,12 +130,12 @@ impl RoceHeaders {
     pub fn emit(&self, payload: &[u8], out: &mut Vec<u8>) {
         self.emit_headers(payload.len(), out);
         out.extend_from_slice(payload);
-        out.extend_from_slice(&[0u8; 3][..pad_len(payload.len())]);
+        push_pad(out, payload.len());
     }
 
     /// Appends the headers [`emit`](Self::emit) writes before `payload_len` payload bytes (the
     /// BTH's pad count included). The caller then appends the payload itself (from wherever
-    /// it lies, without staging it) and [`pad_len`]`(payload_len)` zero bytes.
+    /// it lies, without staging it) and the pad ([`push_pad`]).
     pub fn emit_headers(&self, payload_len: usize, out: &mut Vec<u8>) {
         debug_assert!(
             self.matches_opcode(),
