@@ -17,23 +17,28 @@ pub trait CallerStep: Send + Sync {
     fn step(&self) -> bool;
 }
 
-static STEPS: PerProcess<RwLock<Vec<Arc<dyn CallerStep>>>> = PerProcess::new();
+type Steps = Arc<Vec<Arc<dyn CallerStep>>>;
 
-fn steps() -> &'static RwLock<Vec<Arc<dyn CallerStep>>> {
-    STEPS.get_or_init(|| RwLock::new(Vec::new()))
-}
+/// The steps, replaced as a whole when one is added: a poll clones one `Arc`, never the list.
+static STEPS: PerProcess<RwLock<Steps>> = PerProcess::new();
 
 /// Registers a step for the life of the process (of this fork generation).
 pub fn add(step: Arc<dyn CallerStep>) {
-    steps().write().unwrap_or_else(|p| p.into_inner()).push(step);
+    let mut list = STEPS
+        .get_or_init(|| RwLock::new(Arc::new(Vec::new())))
+        .write()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut next: Vec<Arc<dyn CallerStep>> = list.as_ref().clone();
+    next.push(step);
+    *list = Arc::new(next);
 }
 
 /// Runs every registered step once; true if one processed anything.
 pub fn run() -> bool {
-    let Some(list) = STEPS.get() else { return false };
-    let list: Vec<Arc<dyn CallerStep>> = list.read().unwrap_or_else(|p| p.into_inner()).clone();
+    let Some(steps) = STEPS.get() else { return false };
+    let list: Steps = steps.read().unwrap_or_else(|p| p.into_inner()).clone();
     let mut any = false;
-    for s in list {
+    for s in list.iter() {
         any |= s.step();
     }
     any
