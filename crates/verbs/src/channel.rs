@@ -88,8 +88,15 @@ impl CompChannel {
 
     /// Waits for the next CQ event (`ibv_get_cq_event`). `None` timeout blocks; a zero timeout,
     /// or an fd the application set O_NONBLOCK on, returns EAGAIN when nothing is pending.
+    ///
+    /// While it blocks, it also waits on the transports' sockets (`caller_step::wait_fds`):
+    /// when one becomes readable, this thread receives and processes what came (as a polling
+    /// caller does), so the event it may produce needs no second wakeup. If another thread
+    /// is processing at that moment (the step finds its lock taken), the next wait is on the
+    /// channel alone, until something arrives on it.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<crate::cq::Cq> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let mut with_sockets = true;
         loop {
             if let Some(cq) = self.try_pop() {
                 return Ok(crate::cq::Cq::from_inner(cq));
@@ -108,19 +115,30 @@ impl CompChannel {
             if wait_ms == 0 {
                 return Err(Error::new(Errno::Again, "get_cq_event: no completion event pending"));
             }
-            let mut pfd = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            let sockets = if with_sockets {
+                crate::caller_step::wait_fds()
+            } else {
+                Vec::new()
             };
-            // SAFETY: polling one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+            let mut pfds: Vec<libc::pollfd> = std::iter::once(self.fd())
+                .chain(sockets)
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: `pfds` is a live array of `pfds.len()` pollfds.
+            let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait_ms) };
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     return Err(Error::os("get_cq_event: poll", &e));
                 }
+                continue;
             }
+            let ready: Vec<RawFd> = pfds[1..].iter().filter(|p| p.revents != 0).map(|p| p.fd).collect();
+            with_sockets = ready.is_empty() || crate::caller_step::run_ready(&ready);
         }
     }
 }
@@ -129,5 +147,69 @@ impl std::os::fd::AsFd for CompChannel {
     /// The eventfd that becomes readable when an armed CQ of this channel gets a completion.
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.inner.fd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caller_step::{self, CallerStep};
+    use crate::cq::Cq;
+    use crate::wr::{WcOpcode, WcStatus, WorkCompletion};
+    use std::os::unix::net::UnixDatagram;
+    use std::time::Instant;
+
+    /// A transport whose packets arrive on a socket that no progress thread watches: only a
+    /// caller step reads it, and each datagram completes one receive into `cq`.
+    struct SocketStep {
+        rx: UnixDatagram,
+        cq: Cq,
+    }
+
+    impl CallerStep for SocketStep {
+        fn step(&self) -> bool {
+            let mut buf = [0u8; 8];
+            let mut any = false;
+            while let Ok(n) = self.rx.recv(&mut buf) {
+                let wr_id = buf.get(..n).and_then(|b| b.first()).copied().unwrap_or(0);
+                self.cq.inner().push(WorkCompletion::new(
+                    u64::from(wr_id),
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    77,
+                ));
+                any = true;
+            }
+            any
+        }
+
+        fn wait_fds(&self, out: &mut Vec<RawFd>) {
+            out.push(self.rx.as_raw_fd());
+        }
+    }
+
+    #[test]
+    fn a_blocked_get_cq_event_processes_what_arrives_on_a_transport_socket_itself() {
+        let ch = CompChannel::new().unwrap();
+        let cq = Cq::new(4, 16, Some(ch.clone()), None, None).unwrap();
+        cq.req_notify(false).unwrap();
+        let (rx, tx) = UnixDatagram::pair().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        caller_step::add(Arc::new(SocketStep { rx, cq: cq.clone() }));
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            tx.send(&[5]).unwrap();
+            tx
+        });
+        let start = Instant::now();
+        let got = ch
+            .get_cq_event(Some(Duration::from_secs(10)))
+            .expect("the waiting thread read the datagram and the event followed");
+        assert!(start.elapsed() < Duration::from_secs(10));
+        assert_eq!(got.inner().id(), cq.inner().id());
+        got.ack_events(1);
+        let wc = cq.poll_one().expect("the completion the step produced");
+        assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+        drop(sender.join().unwrap());
     }
 }

@@ -197,10 +197,12 @@ impl softrdma_verbs::stats::CounterSource for TcpConn {
 }
 
 impl TcpConn {
-    /// Makes the connection's counters visible to `softrdma stat` (once it has an engine).
-    pub(crate) fn publish_counters(self: &Arc<Self>) {
+    /// Makes the established connection visible: its counters to `softrdma stat`, its socket
+    /// to a thread that waits for a completion event (`caller`).
+    pub(crate) fn publish(self: &Arc<Self>) {
         let weak: Weak<dyn softrdma_verbs::stats::CounterSource> = Arc::downgrade(self) as _;
         softrdma_verbs::stats::register(weak);
+        super::caller::add(self);
     }
 }
 
@@ -215,6 +217,20 @@ fn addr_domain(a: &SocketAddr) -> Domain {
 impl TcpConn {
     pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state, unless another thread holds it.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, ConnState>> {
+        match self.st.try_lock() {
+            Ok(st) => Some(st),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The socket's fd (registered with the progress thread while the connection is open).
+    pub(crate) fn fd(&self) -> i32 {
+        self.fd
     }
 
     pub(crate) fn register(
@@ -491,7 +507,7 @@ impl TcpConn {
                 // (handshake docs).
                 st.tx_release = Some(Instant::now() + handshake::RTR_DELAY);
                 let Some(conn) = self.self_arc() else { return };
-                conn.publish_counters();
+                conn.publish();
                 let handle = ConnHandle { conn };
                 if let Err(e) = qp.connect_established(Arc::new(handle), neg.ord.min(255) as u8, neg.ird.min(255) as u8)
                 {

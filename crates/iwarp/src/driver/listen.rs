@@ -481,7 +481,7 @@ impl ConnRequest {
             engine,
             qp: qp.inner().clone(),
         };
-        conn.publish_counters();
+        conn.publish();
         // Through the connection's own bookkeeping: the data path turns write interest off
         // again once the Reply is out (set directly, it stayed on, and an idle connection woke
         // the progress thread in a loop).

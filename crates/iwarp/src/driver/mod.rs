@@ -4,6 +4,7 @@
 //! sans-I/O [`crate::handshake`] and [`crate::engine`], and turns socket outcomes into
 //! [`ConnEvent`]s. The rdma_cm semantics (issue 3) sit on top of this API.
 
+mod caller;
 mod conn;
 mod listen;
 #[cfg(test)]

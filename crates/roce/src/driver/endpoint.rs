@@ -157,6 +157,19 @@ impl CallerStep for Driven {
         ep.flush_dirty();
         any
     }
+
+    /// The UDP sockets: the shared one and each home socket.
+    fn wait_fds(&self, out: &mut Vec<std::os::fd::RawFd>) {
+        let ep = &self.0;
+        out.extend(ep.shared.as_ref().map(|s| s.as_raw_fd()));
+        out.extend(
+            ep.homes
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|h| h.sock.as_raw_fd()),
+        );
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
