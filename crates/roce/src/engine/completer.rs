@@ -88,6 +88,7 @@ impl Requester {
             AethKind::Nak(NakCode::PsnSequenceError) => {
                 self.ack_through(now, psn.sub(1), qp, stats)?;
                 if psn == self.una && !self.rnr_waiting() && self.rewound_for != Some(psn) {
+                    self.window_shrink();
                     self.rewind(psn);
                     self.rewound_for = Some(psn);
                     self.ack_timer.restart(now);
@@ -105,6 +106,7 @@ impl Requester {
         if target.before(self.una) {
             return Ok(());
         }
+        let from = self.una;
         let mut progressed = false;
         while let Some(op) = self.ops.front() {
             if op.local.is_some() {
@@ -133,7 +135,7 @@ impl Requester {
             break;
         }
         if progressed {
-            self.on_progress(now);
+            self.on_progress(now, from);
         }
         self.complete_ready(qp)
     }
@@ -144,6 +146,7 @@ impl Requester {
             return;
         }
         stats.implied_naks += 1;
+        self.window_shrink();
         self.rewind(self.una);
         self.rewound_for = Some(self.una);
         self.ack_timer.restart(now);
@@ -168,9 +171,10 @@ impl Requester {
         if !scatter(&op.sink, 0, &orig.to_ne_bytes()) {
             return Err(self.fail_front_local("atomic result buffer no longer writable", qp));
         }
+        let from = self.una;
         self.una = psn.add(1);
         self.complete_front(qp);
-        self.on_progress(now);
+        self.on_progress(now, from);
         self.complete_ready(qp)
     }
 
@@ -214,17 +218,19 @@ impl Requester {
         }
         op.placed_pkts = k + 1;
         let done = opcode.ends_message();
+        let from = self.una;
         self.una = psn.add(1);
         if done {
             self.complete_front(qp);
         }
-        self.on_progress(now);
+        self.on_progress(now, from);
         self.complete_ready(qp)
     }
 
-    /// `una` moved forward: reset the retry counters and the timer, and never resend
-    /// what was just acknowledged.
-    fn on_progress(&mut self, now: Instant) {
+    /// `una` moved forward from `from`: reset the retry counters and the timer, grow the
+    /// window, and never resend what was just acknowledged.
+    fn on_progress(&mut self, now: Instant, from: Psn) {
+        self.window_grow(self.una.offset_from(from));
         self.retry_left = self.cfg.retry_cnt;
         self.rnr_left = self.cfg.rnr_retry;
         self.rewound_for = None;
@@ -289,6 +295,7 @@ impl Requester {
         }
         self.retry_left -= 1;
         self.rewound_for = None;
+        self.window_shrink();
         self.rewind(self.una);
         self.ack_timer.restart(now);
         Ok(())

@@ -10,8 +10,14 @@ use std::time::Duration;
 pub const MIN_MTU: usize = 256;
 /// Largest path MTU (IB MTU 4096).
 pub const MAX_MTU: usize = 4096;
-/// Default number of unacknowledged request PSNs in flight (rxe's `RXE_MAX_UNACKED_PSNS`).
-pub const DEFAULT_WINDOW: u32 = 128;
+/// Default largest number of unacknowledged request PSNs in flight. The requester starts
+/// with [`INITIAL_WINDOW`] and grows toward it while nothing is lost (see `requester`).
+pub const DEFAULT_WINDOW: u32 = 512;
+/// The window a requester starts with, and the most it sends before its first ACK (rxe's
+/// `RXE_MAX_UNACKED_PSNS`, the whole of its window).
+pub const INITIAL_WINDOW: u32 = 128;
+/// The least a loss halves the window to (unless the configured window is smaller).
+pub const MIN_WINDOW: u32 = 16;
 /// Largest window accepted: far below 2^23, so PSN comparisons stay unambiguous.
 pub const MAX_WINDOW: u32 = 1 << 16;
 /// The value of `rnr_retry` that means "retry forever".

@@ -33,7 +33,9 @@ mod ud;
 #[cfg(test)]
 mod tests;
 
-pub use config::{RcConfig, UdConfig, DEFAULT_WINDOW, MAX_MTU, MAX_WINDOW, MIN_MTU, RNR_RETRY_INFINITE};
+pub use config::{
+    RcConfig, UdConfig, DEFAULT_WINDOW, INITIAL_WINDOW, MAX_MTU, MAX_WINDOW, MIN_MTU, MIN_WINDOW, RNR_RETRY_INFINITE,
+};
 pub use error::{nak_status, RcError, RequestError};
 pub use keepalive::DEFAULT_KEEPALIVE;
 pub use psn::Psn;
@@ -318,6 +320,12 @@ impl RcEngine {
     /// Counters.
     pub fn stats(&self) -> RcStats {
         self.stats
+    }
+
+    /// The requester's congestion window now: how many PSNs past the oldest unacknowledged
+    /// one it may have in flight (see `requester`).
+    pub fn send_window(&self) -> u32 {
+        self.req.cwnd
     }
 
     /// The requester's and the responder's sequence state in one line (PSNs, queued work,

@@ -1,7 +1,7 @@
 //! The requester: send WRs → request packets, with the PSN window, ORD, fences, AckReq
 //! placement and go-back-N retransmission. Responses are handled in `completer.rs`.
 
-use super::config::{RcConfig, RNR_RETRY_INFINITE};
+use super::config::{RcConfig, INITIAL_WINDOW, MIN_WINDOW, RNR_RETRY_INFINITE};
 use super::error::RcError;
 use super::psn::Psn;
 use super::sendop::{OpKind, Position, SendOp};
@@ -45,6 +45,13 @@ pub(crate) struct Requester {
     pub(super) rewound_for: Option<Psn>,
     /// A WR was taken from the send queue: the starting PSN is fixed.
     started: bool,
+    /// The congestion window: how many PSNs past `una` may be in flight now, at most
+    /// `cfg.window`. It starts at [`INITIAL_WINDOW`], grows by every PSN acknowledged, and
+    /// halves (to no less than [`MIN_WINDOW`]) when a loss makes the requester resend. A
+    /// go-back-N resend costs up to a window of packets, so a lossy path runs with a small
+    /// window and a clean one with a large one, which rides out a receiver's scheduling
+    /// delays (`ib_write_bw` over rxe_lo: 128 → 512 PSNs, +20 %).
+    pub(super) cwnd: u32,
     pub(super) cfg: RcConfig,
 }
 
@@ -67,6 +74,7 @@ impl Requester {
             rnr_until: None,
             rewound_for: None,
             started: false,
+            cwnd: cfg.window.clamp(1, INITIAL_WINDOW),
             cfg: cfg.clone(),
         }
     }
@@ -124,7 +132,7 @@ impl Requester {
                     self.cursor += 1;
                     continue;
                 }
-                if self.next_psn.offset_from(self.una) >= self.cfg.window {
+                if self.next_psn.offset_from(self.una) >= self.cwnd {
                     return Ok(false);
                 }
                 if self.emit(now, stats, out) {
@@ -134,7 +142,7 @@ impl Requester {
                 self.complete_ready(qp)?;
                 continue;
             }
-            if self.tail_psn.offset_from(self.una) >= self.cfg.window {
+            if self.tail_psn.offset_from(self.una) >= self.cwnd {
                 return Ok(false);
             }
             let (rd_atomic, ord) = (self.rd_atomic, self.cfg.ord.max(1));
@@ -163,7 +171,7 @@ impl Requester {
     /// (the op is then marked failed).
     fn emit(&mut self, now: Instant, stats: &mut RcStats, out: &mut Vec<u8>) -> bool {
         let mtu = self.cfg.mtu;
-        let window = self.cfg.window;
+        let window = self.cwnd;
         let Some(op) = self.ops.get_mut(self.cursor) else {
             return false;
         };
@@ -249,6 +257,16 @@ impl Requester {
     }
 
     /// Resends from `to` (go-back-N): the op holding `to` resumes there, later ones restart.
+    /// `n` more PSNs were acknowledged: the window grows by as many.
+    pub(super) fn window_grow(&mut self, n: u32) {
+        self.cwnd = self.cwnd.saturating_add(n).min(self.cfg.window.max(1));
+    }
+
+    /// A loss (a sequence NAK, a missing READ response, an ACK timeout): the window halves.
+    pub(super) fn window_shrink(&mut self) {
+        self.cwnd = (self.cwnd / 2).max(self.cfg.window.clamp(1, MIN_WINDOW));
+    }
+
     pub(super) fn rewind(&mut self, to: Psn) {
         let mut found = None;
         for (i, op) in self.ops.iter_mut().enumerate() {
@@ -321,11 +339,13 @@ impl Requester {
             None => "off".into(),
         };
         format!(
-            "una {} next {} sent_hi {} tail {} ops {} (cursor {}) ack timer {} retries left {}{}",
+            "una {} next {} sent_hi {} tail {} window {}/{} ops {} (cursor {}) ack timer {} retries left {}{}",
             self.una,
             self.next_psn,
             self.sent_hi,
             self.tail_psn,
+            self.cwnd,
+            self.cfg.window,
             self.ops.len(),
             self.cursor,
             ms(self.ack_timer.deadline()),

@@ -2,7 +2,7 @@
 //! packets between the engines itself and drives the clock; the engines' outputs (packets,
 //! completions, async events, deadlines) are all it looks at.
 
-use crate::engine::{RcConfig, RcEngine};
+use crate::engine::{RcConfig, RcEngine, DEFAULT_WINDOW, INITIAL_WINDOW};
 use softrdma_verbs::async_event::AsyncEventKind;
 use softrdma_verbs::qp_host::PlainQp;
 use softrdma_verbs::*;
@@ -152,6 +152,61 @@ fn send_write_read_and_atomic_without_a_device() {
     );
     assert!(a.eng.error().is_none() && b.eng.error().is_none());
     assert_eq!(a.eng.stats().retransmitted_packets, 0);
+}
+
+#[test]
+fn the_send_window_starts_at_rxes_grows_while_nothing_is_lost_and_halves_on_a_loss() {
+    let (mut a, mut b) = pair();
+    let now = Instant::now();
+    let len = 1usize << 20; // 1024 packets at MTU 1024
+    let src = a.qp.register(len, Access::LOCAL_WRITE);
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    assert!(src.region.write(0, &data));
+    let dst = b.qp.register(len, all());
+    a.qp.post_send(signaled(SendWr::write(
+        1,
+        vec![sge(&src, 0, len as u32)],
+        dst.region.addr(),
+        dst.rkey,
+    )));
+
+    // Before any ACK, a window's worth leaves, and no more.
+    let mut out = Vec::new();
+    let mut first = Vec::new();
+    while a.eng.poll_transmit(now, &mut out) {
+        first.push(std::mem::take(&mut out));
+    }
+    assert_eq!(
+        (first.len() as u32, a.eng.send_window()),
+        (INITIAL_WINDOW, INITIAL_WINDOW)
+    );
+
+    // All of it acknowledged: the window grows by every PSN acknowledged.
+    for p in &first {
+        b.eng
+            .handle_packet(now, &RocePacket::parse(p).expect("a request parses"));
+    }
+    carry(&mut b.eng, &mut a.eng, now);
+    assert_eq!(a.eng.send_window(), 2 * INITIAL_WINDOW);
+    let mut second = 0;
+    while a.eng.poll_transmit(now, &mut out) {
+        out.clear();
+        second += 1;
+    }
+    assert_eq!(second, 2 * INITIAL_WINDOW, "the larger window's worth, all of it lost");
+
+    // The ACK timeout resends, with half the window.
+    let at = a.eng.poll_timeout().expect("the ACK timer runs");
+    a.eng.handle_timeout(at);
+    assert_eq!(a.eng.send_window(), INITIAL_WINDOW);
+
+    // The rest is resent and acknowledged; the window grows to its bound, never past it.
+    settle(&mut a, &mut b, at);
+    let sends: Vec<(u64, WcStatus)> = a.qp.take_send_wcs().iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(sends, vec![(1, WcStatus::Success)]);
+    assert!(bytes(&dst) == data, "every byte placed once the losses were resent");
+    assert_eq!(a.eng.send_window(), DEFAULT_WINDOW);
+    assert_eq!(a.eng.stats().timeouts, 1);
 }
 
 #[test]
