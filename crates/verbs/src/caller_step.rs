@@ -49,40 +49,34 @@ pub fn add(step: Arc<dyn CallerStep>) {
     *list = Arc::new(next);
 }
 
+/// Calls `f` on every registered step (a snapshot of the list, no lock held during the
+/// calls); true if any call returned true. Every step is called.
+fn each(mut f: impl FnMut(&dyn CallerStep) -> bool) -> bool {
+    let Some(steps) = STEPS.get() else { return false };
+    let list: Steps = steps.read().unwrap_or_else(|p| p.into_inner()).clone();
+    list.iter().fold(false, |any, s| f(s.as_ref()) | any)
+}
+
 /// The fds of every registered step (see [`CallerStep::wait_fds`]), read afresh on each call:
 /// a transport may close a socket between two waits.
 pub fn wait_fds() -> Vec<RawFd> {
     let mut out = Vec::new();
-    if let Some(steps) = STEPS.get() {
-        let list: Steps = steps.read().unwrap_or_else(|p| p.into_inner()).clone();
-        for s in list.iter() {
-            s.wait_fds(&mut out);
-        }
-    }
+    each(|s| {
+        s.wait_fds(&mut out);
+        false
+    });
     out
 }
 
 /// Runs every registered step for a waiting caller whose `ready` fds became readable; true
 /// if one processed anything.
 pub fn run_ready(ready: &[RawFd]) -> bool {
-    let Some(steps) = STEPS.get() else { return false };
-    let list: Steps = steps.read().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut any = false;
-    for s in list.iter() {
-        any |= s.step_ready(ready);
-    }
-    any
+    each(|s| s.step_ready(ready))
 }
 
 /// Runs every registered step once; true if one processed anything.
 pub fn run() -> bool {
-    let Some(steps) = STEPS.get() else { return false };
-    let list: Steps = steps.read().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut any = false;
-    for s in list.iter() {
-        any |= s.step();
-    }
-    any
+    each(|s| s.step())
 }
 
 #[cfg(test)]
