@@ -20,8 +20,9 @@
 //! count. Outside the deliberate disconnects every WR must succeed; around them every WR must complete
 //! (success or WR_FLUSH_ERR) within [`FLUSH_BOUND`].
 //!
-//! At the end the client opens one more connection with a DONE request; the server rejects it
-//! with its counters in the reject's private data, and (as `--server`) exits.
+//! At the end the client opens one more connection with a DONE request; the server accepts it
+//! with its counters in the reply's private data, waits (bounded) until the client has them and
+//! disconnects (until then the CM sends a lost reply again), and (as `--server`) exits.
 
 use clap::{Args, ValueEnum};
 use softrdma_cm::{CmEvent, CmId, CmOption, ConnParam, EventChannel, EventType, PortSpace};
@@ -37,6 +38,8 @@ use std::time::{Duration, Instant};
 pub const OP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound within which every outstanding WR completes once a connection is going down.
 pub const FLUSH_BOUND: Duration = Duration::from_secs(5);
+/// How long the server waits for the client to confirm the DONE reply (its RTU or DREQ).
+const DONE_CONFIRM_BOUND: Duration = Duration::from_secs(5);
 /// Operations per batch at most (= slots of the server's region).
 const OPS: usize = 8;
 /// Receives the server keeps posted (a batch sends at most OPS + 1 messages).
@@ -348,7 +351,7 @@ impl Region {
     }
 }
 
-/// The server's counters, sent back in the DONE reject.
+/// The server's counters, sent back in the DONE reply.
 #[derive(Debug, Default)]
 pub struct ServerStats {
     conns: AtomicU64,
@@ -406,7 +409,7 @@ impl ServerReport {
 
     fn decode(b: &[u8]) -> Result<ServerReport, String> {
         if b.len() < 60 || &b[..4] != MAGIC {
-            return Err(format!("the DONE reject carries no soak counters ({} bytes)", b.len()));
+            return Err(format!("the DONE reply carries no soak counters ({} bytes)", b.len()));
         }
         Ok(ServerReport {
             conns: le64(b, 4),
@@ -775,7 +778,62 @@ fn server_live(s: &ServerStats) -> u64 {
 /// Connections the in-process server has torn down.
 static SERVER_CLOSED: AtomicU64 = AtomicU64::new(0);
 
-/// Opens the DONE connection; the server's reject carries its counters.
+/// Accepts the DONE request `id` with `report` as the reply's private data, then waits until
+/// the client has it and closes: ESTABLISHED (on RoCE its RTU; until then the CM sends the reply
+/// again when it is lost) and then DISCONNECTED (its DREQ, or over iWARP its close), each bounded
+/// by [`DONE_CONFIRM_BOUND`]. Closing first could reset an iWARP connection before the client
+/// read the reply. Requests that come meanwhile are refused.
+fn answer_done(ch: &EventChannel, id: &CmId, report: &ServerReport) -> Result<(), String> {
+    let ctx = id.context().ok_or("the DONE request's id has no device")?;
+    let pd = ctx.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
+    let cq = ctx.create_cq(2, None).map_err(|e| format!("create_cq: {e}"))?;
+    id.create_qp(&pd, QpInitAttr::rc(&cq, 1, 1))
+        .map_err(|e| format!("rdma_create_qp: {e}"))?;
+    let param = ConnParam {
+        private_data: report.encode(),
+        ..ConnParam::default()
+    };
+    id.accept(Some(&param)).map_err(|e| format!("rdma_accept: {e}"))?;
+    if done_event(ch, id)? == EventType::Established {
+        done_event(ch, id)
+            .map(|_| ())
+            .map_err(|e| format!("the client has the counters, but did not disconnect: {e}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// The next event of the DONE connection `id`: ESTABLISHED or DISCONNECTED (anything else is
+/// an error), within [`DONE_CONFIRM_BOUND`]; other ids' requests are refused meanwhile.
+fn done_event(ch: &EventChannel, id: &CmId) -> Result<EventType, String> {
+    let deadline = Instant::now() + DONE_CONFIRM_BOUND;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no word from the client within {DONE_CONFIRM_BOUND:?}"));
+        }
+        let ev = match ch.get_event(Some(left)) {
+            Ok(ev) => ev,
+            Err(e) if e.errno == softrdma_verbs::Errno::Again => continue,
+            Err(e) => return Err(format!("rdma_get_cm_event: {e}")),
+        };
+        if ev.id != *id {
+            if ev.event == EventType::ConnectRequest {
+                let other = ev.id.clone();
+                drop(ev);
+                let _ = other.reject(b"soak server: shutting down");
+                let _ = other.destroy();
+            }
+            continue;
+        }
+        return match ev.event {
+            EventType::Established | EventType::Disconnected => Ok(ev.event),
+            other => Err(format!("{other} (status {}, {})", ev.status, ev.reason)),
+        };
+    }
+}
+
+/// Opens the DONE connection; the server's reply carries its counters.
 fn done_request(dst: SocketAddr) -> Result<ServerReport, String> {
     let ch = EventChannel::new().map_err(|e| e.to_string())?;
     let id = CmId::create(Some(&ch), PortSpace::Tcp).map_err(|e| e.to_string())?;
@@ -794,9 +852,14 @@ fn done_request(dst: SocketAddr) -> Result<ServerReport, String> {
             ..ConnParam::default()
         };
         id.connect(&param).map_err(|e| e.to_string())?;
-        let ev = expect_event(&ch, EventType::Rejected, OP_TIMEOUT)?;
+        let ev = expect_event(&ch, EventType::Established, OP_TIMEOUT)?;
         let report = ServerReport::decode(&ev.param.private_data);
         drop(ev);
+        // The server waits for this disconnect (its DREQ also confirms the reply to a server
+        // whose RTU was lost); waiting for DISCONNECTED lets the CM send a lost DREQ again.
+        if id.disconnect().is_ok() {
+            let _ = next_event(&ch, FLUSH_BOUND, "RDMA_CM_EVENT_DISCONNECTED");
+        }
         let _ = id.destroy_qp();
         report
     })();
@@ -1259,7 +1322,11 @@ fn serve(
                     }
                 }
                 let report = stats.report();
-                id.reject(&report.encode())?;
+                if let Err(e) = answer_done(&ch, &id, &report) {
+                    // The counters are printed here as well; only the client misses them.
+                    eprintln!("soak server: the DONE reply: {e}");
+                }
+                let _ = id.destroy_qp();
                 let _ = id.destroy();
                 l.destroy()?;
                 return Ok(report);
