@@ -10,6 +10,8 @@ struct Side {
     pd: Pd,
     cq: Cq,
     qp: Qp,
+    /// The CQ's completion channel, if it has one.
+    cc: Option<CompChannel>,
 }
 
 fn rxe_lo() -> device::DeviceInfo {
@@ -17,9 +19,15 @@ fn rxe_lo() -> device::DeviceInfo {
 }
 
 fn side(qp_type: QpType) -> Side {
+    side_with(qp_type, false)
+}
+
+/// A side whose CQ has a completion channel if `events`.
+fn side_with(qp_type: QpType, events: bool) -> Side {
     let ctx = Context::open(&rxe_lo()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4096, None).unwrap();
+    let cc = events.then(|| ctx.create_comp_channel().unwrap());
+    let cq = ctx.create_cq(4096, cc.as_ref()).unwrap();
     let init = QpInitAttr {
         send_cq: cq.clone(),
         recv_cq: cq.clone(),
@@ -49,7 +57,7 @@ fn side(qp_type: QpType) -> Side {
         STATE | PKEY_INDEX | PORT | ACCESS_FLAGS
     };
     qp.modify(&a, mask).unwrap();
-    Side { pd, cq, qp }
+    Side { pd, cq, qp, cc }
 }
 
 fn lo_gid() -> [u8; 16] {
@@ -399,7 +407,20 @@ fn rc_between_two_processes() {
     if std::env::var_os("SOFTRDMA_ROCE_CHILD").is_some() {
         return child_main();
     }
-    two_processes("rc_between_two_processes", false);
+    two_processes("rc_between_two_processes", false, false);
+}
+
+/// The same, the parent waiting for its SEND's completion blocked in `get_cq_event`: that
+/// thread takes the UDP sockets from the progress thread while it waits (see the driver's
+/// `hold` module), and must let it have them back. The child's WRITE comes after, while no
+/// thread of the parent calls into verbs: only the progress thread can place and acknowledge
+/// it (else the child's WRITE times out).
+#[test]
+fn rc_between_two_processes_after_a_blocked_wait() {
+    if std::env::var_os("SOFTRDMA_ROCE_CHILD").is_some() {
+        return child_main();
+    }
+    two_processes("rc_between_two_processes_after_a_blocked_wait", false, true);
 }
 
 #[test]
@@ -407,12 +428,12 @@ fn rc_between_two_processes_over_ipv6() {
     if std::env::var_os("SOFTRDMA_ROCE_CHILD").is_some() {
         return child_main();
     }
-    two_processes("rc_between_two_processes_over_ipv6", true);
+    two_processes("rc_between_two_processes_over_ipv6", true, false);
 }
 
 /// The parent side of a two-process RC test (`name` re-runs this test as the child) over
-/// 127.0.0.1 or `::1`.
-fn two_processes(name: &str, ipv6: bool) {
+/// 127.0.0.1 or `::1`; `blocked`: it waits for its completion in `get_cq_event`.
+fn two_processes(name: &str, ipv6: bool, blocked: bool) {
     use std::io::{BufRead, BufReader, Write};
     use std::process::{Command, Stdio};
     let exe = std::env::current_exe().unwrap();
@@ -453,7 +474,7 @@ fn two_processes(name: &str, ipv6: bool) {
         }
     };
     let peer: u32 = next("qpn ").parse().unwrap();
-    let s = side(QpType::Rc);
+    let s = side_with(QpType::Rc, blocked);
     let len = 200_000usize;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let src = s.pd.alloc_mr(len, all).unwrap();
@@ -469,9 +490,23 @@ fn two_processes(name: &str, ipv6: bool) {
     writeln!(stdin, "peer {} {} {} {len}", s.qp.qpn(), back.addr(), back.rkey()).unwrap();
     stdin.flush().unwrap();
     next("ready");
+    if s.cc.is_some() {
+        s.cq.req_notify(false).unwrap();
+    }
     s.qp.post_send_one(SendWr::send(1, vec![src.sge(0, len as u32)]))
         .unwrap();
-    wait(&s.cq, 1);
+    match &s.cc {
+        Some(cc) => {
+            let cq = cc
+                .get_cq_event(Some(Duration::from_secs(20)))
+                .expect("the SEND's completion event");
+            cq.ack_events(1);
+            wait(&s.cq, 1);
+        }
+        None => {
+            wait(&s.cq, 1);
+        }
+    }
     let sum: u64 = next("sum ").parse().unwrap();
     assert_eq!(sum, data.iter().map(|&b| b as u64).sum::<u64>());
     assert_eq!(back.to_vec(), data, "the child's WRITE brought the bytes back");

@@ -11,7 +11,10 @@
 //! A thread that blocks for a completion event (`ibv_get_cq_event`) waits on the transports'
 //! sockets too ([`wait_fds`]), and runs the steps itself when one becomes readable: the event
 //! then costs one wakeup (the packet's) instead of two (the progress thread's, then the
-//! channel's).
+//! channel's). It tells the transports when it starts and stops waiting ([`Waiting`]), so a
+//! transport can keep the progress thread off those sockets meanwhile, and when it returns
+//! with its event ([`after_ready`]), so a transport can leave what its step has to send to the
+//! progress thread instead of delaying the caller.
 
 use crate::fork::PerProcess;
 use std::os::fd::RawFd;
@@ -31,6 +34,19 @@ pub trait CallerStep: Send + Sync {
     fn step_ready(&self, _ready: &[RawFd]) -> bool {
         self.step()
     }
+
+    /// After [`step_ready`](CallerStep::step_ready) (of every transport): `returning`, the
+    /// waiting caller found its event and returns to the application now. A transport may
+    /// leave the step's sends to another thread then, so that they do not delay the caller.
+    fn after_ready(&self, _returning: bool) {}
+
+    /// A thread starts blocking on this transport's [`wait_fds`](CallerStep::wait_fds) (and
+    /// will run [`step_ready`](CallerStep::step_ready) when one is readable).
+    fn waiter_enters(&self) {}
+
+    /// That thread stops: `linger`, it found its event (it may well come back soon); else it
+    /// stops watching the fds (someone else must read them now).
+    fn waiter_leaves(&self, _linger: bool) {}
 }
 
 type Steps = Arc<Vec<Arc<dyn CallerStep>>>;
@@ -72,6 +88,53 @@ pub fn wait_fds() -> Vec<RawFd> {
 /// if one processed anything.
 pub fn run_ready(ready: &[RawFd]) -> bool {
     each(|s| s.step_ready(ready))
+}
+
+/// A thread blocked on [`wait_fds`] (see [`CallerStep::waiter_enters`]); dropping it is
+/// [`Waiting::leave`] with `linger`.
+#[derive(Debug)]
+pub struct Waiting {
+    left: bool,
+}
+
+impl Waiting {
+    /// Tells every step that a thread starts waiting on its fds.
+    pub fn enter() -> Waiting {
+        each(|s| {
+            s.waiter_enters();
+            false
+        });
+        Waiting { left: false }
+    }
+
+    /// Tells every step that the thread stopped waiting (see [`CallerStep::waiter_leaves`]).
+    pub fn leave(mut self, linger: bool) {
+        self.left = true;
+        each(|s| {
+            s.waiter_leaves(linger);
+            false
+        });
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.left {
+            each(|s| {
+                s.waiter_leaves(true);
+                false
+            });
+        }
+    }
+}
+
+/// Tells every step that a waiting caller's [`run_ready`] round is over (see
+/// [`CallerStep::after_ready`]).
+pub fn after_ready(returning: bool) {
+    each(|s| {
+        s.after_ready(returning);
+        false
+    });
 }
 
 /// Runs every registered step once; true if one processed anything.

@@ -91,14 +91,25 @@ impl CompChannel {
     ///
     /// While it blocks, it also waits on the transports' sockets (`caller_step::wait_fds`):
     /// when one becomes readable, this thread receives and processes what came (as a polling
-    /// caller does), so the event it may produce needs no second wakeup. If another thread
-    /// is processing at that moment (the step finds its lock taken), the next wait is on the
-    /// channel alone, until something arrives on it.
+    /// caller does), so the event it may produce needs no second wakeup. A transport may keep
+    /// the progress thread off its sockets meanwhile (`CallerStep::waiter_enters`; soft-RoCE
+    /// does) and leave its sends to it once the event is there (`CallerStep::after_ready`).
+    /// If another thread is processing at that moment (the step finds its lock taken), the
+    /// next wait is on the channel alone, until something arrives on it, and the sockets go
+    /// back to the progress thread.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<crate::cq::Cq> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let mut with_sockets = true;
+        // While this thread waits on the transports' sockets (they may hand them over).
+        let mut waiting: Option<crate::caller_step::Waiting> = None;
+        // A `run_ready` round whose end the transports have not been told yet.
+        let mut stepped = false;
         loop {
-            if let Some(cq) = self.try_pop() {
+            let event = self.try_pop();
+            if std::mem::take(&mut stepped) {
+                crate::caller_step::after_ready(event.is_some());
+            }
+            if let Some(cq) = event {
                 return Ok(crate::cq::Cq::from_inner(cq));
             }
             // SAFETY: F_GETFL on our own fd.
@@ -116,6 +127,7 @@ impl CompChannel {
                 return Err(Error::new(Errno::Again, "get_cq_event: no completion event pending"));
             }
             let sockets = if with_sockets {
+                waiting.get_or_insert_with(crate::caller_step::Waiting::enter);
                 crate::caller_step::wait_fds()
             } else {
                 Vec::new()
@@ -138,7 +150,13 @@ impl CompChannel {
                 continue;
             }
             let ready: Vec<RawFd> = pfds[1..].iter().filter(|p| p.revents != 0).map(|p| p.fd).collect();
-            with_sockets = ready.is_empty() || crate::caller_step::run_ready(&ready);
+            stepped = !ready.is_empty();
+            with_sockets = !stepped || crate::caller_step::run_ready(&ready);
+            if !with_sockets {
+                if let Some(w) = waiting.take() {
+                    w.leave(false);
+                }
+            }
         }
     }
 }

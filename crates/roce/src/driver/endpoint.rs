@@ -3,6 +3,7 @@
 
 use super::forward::{self, Origin};
 use super::gso;
+use super::hold::{HoldAction, SocketHold};
 use super::net::{self, ROCE_PORT};
 use super::qpn::{make_qpn, split_qpn, GSI_QPN, MULTICAST_QPN, QPS_PER_PORT};
 use super::slot::Slot;
@@ -89,6 +90,10 @@ pub(crate) struct Endpoint {
     homes: RwLock<Vec<Arc<Home>>>,
     roles: Mutex<HashMap<Token, Role>>,
     control: OnceLock<Token>,
+    /// The shared socket's reactor token.
+    shared_token: OnceLock<Token>,
+    /// Whether blocked waiters hold the UDP sockets (see `hold`).
+    hold: Mutex<SocketHold>,
     qps: RwLock<HashMap<u32, Arc<Slot>>>,
     pending: Mutex<HashSet<u32>>,
     timer_at: Mutex<Option<Instant>>,
@@ -134,14 +139,15 @@ impl Source for Driven {
     }
 }
 
-impl CallerStep for Driven {
-    /// A polling application's round: what waits in the sockets and the internal queue, read
-    /// and processed on its thread, unless another thread is reading them right now.
-    fn step(&self) -> bool {
+impl Driven {
+    /// What waits in the sockets and the internal queue, read and processed on this thread,
+    /// unless another thread is reading them right now; the slots that received stay in
+    /// `DIRTY` for the caller to flush.
+    fn receive(&self) -> bool {
         let ep = &self.0;
         let Ok(_rx) = ep.rx.try_lock() else { return false };
         let before = ep.counters.rx_datagrams.load(Ordering::Relaxed);
-        let mut any = ep.run_internal();
+        let any = ep.run_internal();
         // A copy, the lock released before the loop: a `for` keeps its iterator expression's
         // temporaries (the guard) alive to the end, and receiving takes `homes` again while a
         // closing QP may be waiting to write it (a writer-preferring lock: deadlock).
@@ -152,10 +158,38 @@ impl CallerStep for Driven {
         if let Some(s) = &ep.shared {
             ep.drain_udp(s, ep.roce_port(), false, CALLER_BATCHES);
         }
-        any |= ep.counters.rx_datagrams.load(Ordering::Relaxed) != before;
-        drop(_rx);
-        ep.flush_dirty();
+        any | (ep.counters.rx_datagrams.load(Ordering::Relaxed) != before)
+    }
+}
+
+impl CallerStep for Driven {
+    /// A polling application's round: [`Driven::receive`], then what it made the slots send.
+    fn step(&self) -> bool {
+        let any = self.receive();
+        self.0.flush_dirty();
         any
+    }
+
+    /// A blocked caller's round: [`Driven::receive`]; the slots are flushed in `after_ready`.
+    fn step_ready(&self, _ready: &[std::os::fd::RawFd]) -> bool {
+        self.receive()
+    }
+
+    /// When the caller returns with its event, what the slots have to send (ACKs, the next
+    /// packets of the window) goes out from the progress thread, in parallel, rather than
+    /// before the caller returns; a slot with nothing to send costs no wakeup. When it waits
+    /// on, it sends them itself (a wakeup would cost more).
+    fn after_ready(&self, returning: bool) {
+        let ep = &self.0;
+        if !returning {
+            ep.flush_dirty();
+            return;
+        }
+        while let Some(slot) = DIRTY.with(|d| d.borrow_mut().pop()) {
+            if slot.needs_flush(ep) {
+                ep.kick(slot.qpn);
+            }
+        }
     }
 
     /// The UDP sockets: the shared one and each home socket.
@@ -169,6 +203,20 @@ impl CallerStep for Driven {
                 .iter()
                 .map(|h| h.sock.as_raw_fd()),
         );
+    }
+
+    fn waiter_enters(&self) {
+        let ep = &self.0;
+        let mut hold = lock(&ep.hold);
+        let a = hold.enter();
+        ep.apply_hold(a);
+    }
+
+    fn waiter_leaves(&self, linger: bool) {
+        let ep = &self.0;
+        let mut hold = lock(&ep.hold);
+        let a = hold.leave(linger, Instant::now());
+        ep.apply_hold(a);
     }
 }
 
@@ -220,6 +268,8 @@ impl Endpoint {
             homes: RwLock::new(Vec::new()),
             roles: Mutex::new(HashMap::new()),
             control: OnceLock::new(),
+            shared_token: OnceLock::new(),
+            hold: Mutex::new(SocketHold::default()),
             qps: RwLock::new(HashMap::new()),
             pending: Mutex::new(HashSet::new()),
             timer_at: Mutex::new(None),
@@ -245,6 +295,7 @@ impl Endpoint {
             let t = reactor
                 .register(s.as_raw_fd(), READ, Arc::new(Driven(ep.clone())))
                 .map_err(|e| Error::os(format_args!("soft-RoCE: epoll on UDP {port}"), &e))?;
+            let _ = ep.shared_token.set(t);
             lock(&ep.roles).insert(t, Role::Shared);
         }
         Ok(ep)
@@ -418,6 +469,31 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Carries out what the socket hold decided (called with `hold` locked, so that two
+    /// decisions are applied in their order).
+    fn apply_hold(&self, a: HoldAction) {
+        let set = |interest: Interest| {
+            if let (Some(s), Some(t)) = (&self.shared, self.shared_token.get()) {
+                self.reactor.set_interest(*t, s.as_raw_fd(), interest);
+            }
+            for h in self.homes.read().unwrap_or_else(|p| p.into_inner()).iter() {
+                if let Some(t) = h.token.get() {
+                    self.reactor.set_interest(*t, h.sock.as_raw_fd(), interest);
+                }
+            }
+        };
+        match a {
+            HoldAction::None => {}
+            HoldAction::Take => set(NOTHING),
+            HoldAction::GiveBack => set(READ),
+            HoldAction::Arm(at) => {
+                if let Some(t) = self.control.get() {
+                    self.reactor.set_timer(*t, at);
+                }
+            }
+        }
+    }
+
     /// Arms the progress thread's timer for `deadline` if nothing earlier is armed.
     pub(crate) fn schedule(&self, deadline: Option<Instant>) {
         let Some(d) = deadline else { return };
@@ -469,13 +545,21 @@ impl Endpoint {
             Some(Role::Service(sid)) => self.drain_service(sid),
             Some(Role::Control) => {
                 if ev.kicked {
-                    {
+                    // Kicks come on every blocked caller's receive (see `step_ready`); the
+                    // receive lock is taken only for work, or the caller's next step finds it
+                    // taken and gives the sockets back.
+                    if !lock(&self.internal).is_empty() {
                         let _rx = lock(&self.rx);
                         self.run_internal();
                     }
                     self.run_pending();
                 }
                 if ev.timer {
+                    {
+                        let mut hold = lock(&self.hold);
+                        let a = hold.on_timer(Instant::now());
+                        self.apply_hold(a);
+                    }
                     self.run_timers();
                 }
             }
@@ -955,6 +1039,11 @@ pub(crate) fn icrc_ip(src: IpAddr, dst: IpAddr) -> IcrcIp {
 
 const READ: Interest = Interest {
     read: true,
+    write: false,
+};
+/// A socket blocked waiters hold: the progress thread is not woken for it.
+const NOTHING: Interest = Interest {
+    read: false,
     write: false,
 };
 

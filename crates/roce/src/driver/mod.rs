@@ -25,6 +25,7 @@
 mod endpoint;
 mod forward;
 mod gso;
+mod hold;
 mod mads;
 mod net;
 mod qpn;

@@ -338,6 +338,17 @@ impl RcEngine {
         format!("sq: {}; rq: {}{error}", self.req.summary(now), self.resp.summary())
     }
 
+    /// Whether [`RcEngine::poll_transmit`] may have a packet now; false only when it certainly
+    /// has not (nothing unsent, no reply owed, no WR queued, the QP not failing). Keepalive
+    /// probes are not counted: they come from timers.
+    pub fn may_transmit(&self) -> bool {
+        self.reset
+            || self.error.is_some()
+            || self.qp.state() == QpState::Err
+            || self.resp.has_replies()
+            || self.req.may_transmit(&*self.qp)
+    }
+
     /// Why the QP went to ERR, if it did.
     pub fn error(&self) -> Option<&RcError> {
         self.error.as_ref()

@@ -331,6 +331,24 @@ impl Requester {
         self.ops.is_empty()
     }
 
+    /// Whether [`poll_transmit`](Self::poll_transmit) may have something to send (a packet
+    /// not yet or no longer sent, or a WR waiting in the send queue); false only when
+    /// it certainly has not.
+    pub(crate) fn may_transmit(&self, qp: &dyn QpHost) -> bool {
+        let unsent = self
+            .ops
+            .iter()
+            .skip(self.cursor)
+            .any(|op| op.failed.is_none() && op.next_pkt < op.npkts);
+        let mut queued = false;
+        // A peek: the filter sees the head WQE and refuses it.
+        let _ = qp.pop_send_if(&mut |_| {
+            queued = true;
+            false
+        });
+        unsent || queued
+    }
+
     /// Its sequence state in one line, for `softrdma stat` (diagnosing a stalled QP).
     pub(crate) fn summary(&self, now: Instant) -> String {
         let ms = |t: Option<Instant>| match t {

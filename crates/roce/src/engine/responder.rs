@@ -292,6 +292,11 @@ impl Responder {
         }
     }
 
+    /// Whether replies (ACKs, NAKs, READ responses) wait to be sent.
+    pub(crate) fn has_replies(&self) -> bool {
+        !self.replies.is_empty()
+    }
+
     /// The QP failed: hands back the receive WR of a message in progress (to flush first)
     /// and drops the replies, except what `keep` names.
     pub(crate) fn abort(&mut self, keep: KeepReplies) -> Option<RecvWr> {

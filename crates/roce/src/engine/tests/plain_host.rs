@@ -340,3 +340,47 @@ fn ud_datagrams_and_q_key_checks_without_a_device() {
     assert_eq!(&mem[GRH_LEN..GRH_LEN + 700], &[0x5a; 700][..]);
     assert_eq!(eb.stats().rx_delivered, 1);
 }
+
+/// `may_transmit` (a blocked caller's receive step asks it, to wake the progress thread only
+/// for an engine with something to send): true for a queued WR, unsent packets and an owed
+/// ACK or READ response; false once everything went out.
+#[test]
+fn may_transmit_says_whether_a_flush_would_send_anything() {
+    let (mut a, mut b) = pair();
+    let now = Instant::now();
+    let src = a.qp.register(4096, Access::LOCAL_WRITE);
+    let dst = b.qp.register(4096, all());
+    assert!(!a.eng.may_transmit() && !b.eng.may_transmit(), "idle engines");
+
+    b.qp.post_recv(RecvWr {
+        wr_id: 7,
+        sg_list: vec![sge(&dst, 0, 4096)],
+    });
+    a.qp.post_send(signaled(SendWr::send(1, vec![sge(&src, 0, 3000)])));
+    assert!(a.eng.may_transmit(), "a WR waits in the send queue");
+    let mut out = Vec::new();
+    assert!(a.eng.poll_transmit(now, &mut out), "the first of three packets");
+    assert!(a.eng.may_transmit(), "two packets of the SEND are unsent");
+    b.eng
+        .handle_packet(now, &RocePacket::parse(&out).expect("the packet parses"));
+    carry(&mut a.eng, &mut b.eng, now);
+    assert!(!a.eng.may_transmit(), "everything sent, only the ACK is awaited");
+    assert!(b.eng.may_transmit(), "b owes the ACK");
+    carry(&mut b.eng, &mut a.eng, now);
+    assert!(!b.eng.may_transmit(), "the ACK went out");
+    assert_eq!(b.qp.take_recv_wcs().len(), 1);
+    assert_eq!(a.qp.take_send_wcs().len(), 1);
+
+    // A READ: the responder owes the response until it is sent.
+    a.qp.post_send(signaled(SendWr::read(
+        2,
+        vec![sge(&src, 0, 64)],
+        dst.region.addr(),
+        dst.rkey,
+    )));
+    carry(&mut a.eng, &mut b.eng, now);
+    assert!(b.eng.may_transmit(), "the READ response is owed");
+    carry(&mut b.eng, &mut a.eng, now);
+    assert!(!b.eng.may_transmit() && !a.eng.may_transmit());
+    assert_eq!(a.qp.take_send_wcs().len(), 1);
+}
