@@ -12,7 +12,9 @@ pub const MIN_MTU: usize = 256;
 pub const MAX_MTU: usize = 4096;
 /// Default largest number of unacknowledged request PSNs in flight. The requester starts
 /// with [`INITIAL_WINDOW`] and grows toward it while nothing is lost (see `requester`).
-pub const DEFAULT_WINDOW: u32 = 512;
+/// 2048 (8 MiB at MTU 4096): `ib_write_bw` over rxe_lo +12 % against 512 (interleaved A/B,
+/// 9 runs each, 3,658 → 4,110 MB/s mean, no retransmission); a loss halves it.
+pub const DEFAULT_WINDOW: u32 = 2048;
 /// The window a requester starts with, and the most it sends before its first ACK (rxe's
 /// `RXE_MAX_UNACKED_PSNS`, the whole of its window).
 pub const INITIAL_WINDOW: u32 = 128;

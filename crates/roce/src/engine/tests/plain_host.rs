@@ -158,7 +158,7 @@ fn send_write_read_and_atomic_without_a_device() {
 fn the_send_window_starts_at_rxes_grows_while_nothing_is_lost_and_halves_on_a_loss() {
     let (mut a, mut b) = pair();
     let now = Instant::now();
-    let len = 1usize << 20; // 1024 packets at MTU 1024
+    let len = 1usize << 22; // 4096 packets at MTU 1024: enough to grow to DEFAULT_WINDOW
     let src = a.qp.register(len, Access::LOCAL_WRITE);
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     assert!(src.region.write(0, &data));
