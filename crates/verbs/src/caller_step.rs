@@ -73,14 +73,19 @@ fn each(mut f: impl FnMut(&dyn CallerStep) -> bool) -> bool {
     list.iter().fold(false, |any, s| f(s.as_ref()) | any)
 }
 
+/// Calls `f` on every registered step (see [`each`]).
+fn for_each(mut f: impl FnMut(&dyn CallerStep)) {
+    each(|s| {
+        f(s);
+        false
+    });
+}
+
 /// The fds of every registered step (see [`CallerStep::wait_fds`]), read afresh on each call:
 /// a transport may close a socket between two waits.
 pub fn wait_fds() -> Vec<RawFd> {
     let mut out = Vec::new();
-    each(|s| {
-        s.wait_fds(&mut out);
-        false
-    });
+    for_each(|s| s.wait_fds(&mut out));
     out
 }
 
@@ -94,47 +99,33 @@ pub fn run_ready(ready: &[RawFd]) -> bool {
 /// [`Waiting::leave`] with `linger`.
 #[derive(Debug)]
 pub struct Waiting {
-    left: bool,
+    linger: bool,
 }
 
 impl Waiting {
     /// Tells every step that a thread starts waiting on its fds.
     pub fn enter() -> Waiting {
-        each(|s| {
-            s.waiter_enters();
-            false
-        });
-        Waiting { left: false }
+        for_each(|s| s.waiter_enters());
+        Waiting { linger: true }
     }
 
     /// Tells every step that the thread stopped waiting (see [`CallerStep::waiter_leaves`]).
     pub fn leave(mut self, linger: bool) {
-        self.left = true;
-        each(|s| {
-            s.waiter_leaves(linger);
-            false
-        });
+        self.linger = linger;
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        if !self.left {
-            each(|s| {
-                s.waiter_leaves(true);
-                false
-            });
-        }
+        let linger = self.linger;
+        for_each(|s| s.waiter_leaves(linger));
     }
 }
 
 /// Tells every step that a waiting caller's [`run_ready`] round is over (see
 /// [`CallerStep::after_ready`]).
 pub fn after_ready(returning: bool) {
-    each(|s| {
-        s.after_ready(returning);
-        false
-    });
+    for_each(|s| s.after_ready(returning));
 }
 
 /// Runs every registered step once; true if one processed anything.

@@ -84,6 +84,11 @@ fn keepalive_interval() -> Option<Duration> {
 const KEEPALIVE_GRID: Duration = Duration::from_millis(250);
 
 /// `at` rounded up to the next [`KEEPALIVE_GRID`] step since the first call.
+/// An RC engine's next deadline: its transport timer, or its keepalive (on the grid).
+fn rc_deadline(eng: &RcEngine) -> Option<Instant> {
+    earliest(eng.transport_timeout(), eng.keepalive_due().map(on_grid))
+}
+
 fn on_grid(at: Instant) -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
@@ -303,7 +308,7 @@ impl Slot {
         let guard = lock(&self.engine);
         match guard.as_ref() {
             Some(Engine::Rc { eng, .. }) if !eng.may_transmit() => {
-                let next = earliest(eng.transport_timeout(), eng.keepalive_due().map(on_grid));
+                let next = rc_deadline(eng);
                 drop(guard);
                 ep.schedule(next);
                 false
@@ -439,7 +444,7 @@ impl Slot {
             }
         });
         match engine {
-            Engine::Rc { eng, .. } => earliest(eng.transport_timeout(), eng.keepalive_due().map(on_grid)),
+            Engine::Rc { eng, .. } => rc_deadline(eng),
             Engine::Ud { .. } => None,
         }
     }
