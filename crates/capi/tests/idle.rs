@@ -1,7 +1,8 @@
 //! An idle process never wakes (issue #17): `tests/c/idle.c` opens both devices, arms a CQ on
 //! a completion channel, connects two RC QPs on rxe_lo and an rdma_cm connection on siw_lo
 //! (each carrying verified data once), listens with rdma_cm, and then blocks in `read(2)`.
-//! Over 10 s, no thread of the process may be scheduled and it may use no CPU time: the test
+//! Over 10 s, no thread of the process may be scheduled and it may use no CPU time (with the
+//! soft-RoCE keepalive off; with it on, only its probe rounds wake the progress thread): the test
 //! reads every thread's context switches (`/proc/PID/task/*/status`) and the process's CPU
 //! time (its CPU-time clock, `clock_getcpuclockid`) before and after.
 
@@ -15,8 +16,10 @@ use std::time::{Duration, Instant};
 /// How long the process is watched.
 const IDLE: Duration = Duration::from_secs(10);
 
-/// Context switches (voluntary + involuntary) of each thread, by "tid name".
-fn switches(pid: u32) -> BTreeMap<String, u64> {
+/// The context switches of each thread counted in the `/proc` status field `field`
+/// (`voluntary_ctxt_switches`: it slept and was woken; `nonvoluntary_ctxt_switches`: it was
+/// running and was preempted), by "tid name".
+fn switches(pid: u32, field: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
@@ -27,7 +30,7 @@ fn switches(pid: u32) -> BTreeMap<String, u64> {
         let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
         let n: u64 = status
             .lines()
-            .filter(|l| l.starts_with("voluntary_ctxt_switches") || l.starts_with("nonvoluntary_ctxt_switches"))
+            .filter(|l| l.split(':').next() == Some(field))
             .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
             .sum();
         out.insert(format!("{} {}", t.file_name().to_string_lossy(), name.trim()), n);
@@ -108,10 +111,11 @@ impl Idle {
     }
 }
 
-/// What a process did over an interval: the threads that were scheduled (and how often), and
-/// the CPU time it used.
+/// What a process did over an interval: the threads that were woken (and how often), the
+/// threads that were preempted while running, and the CPU time it used.
 struct Activity {
     woke: BTreeMap<String, u64>,
+    preempted: BTreeMap<String, u64>,
     cpu: Duration,
     threads: usize,
 }
@@ -120,31 +124,40 @@ impl std::fmt::Display for Activity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} threads; CPU {:?}; wakeups {:?}",
-            self.threads, self.cpu, self.woke
+            "{} threads; CPU {:?}; wakeups {:?}; preempted {:?}",
+            self.threads, self.cpu, self.woke, self.preempted
         )
     }
 }
 
+/// The threads whose count in `after` grew over `before`, by how much.
+fn grown(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(t, n)| {
+            let d = n.saturating_sub(before.get(t).copied().unwrap_or(0));
+            (d > 0).then(|| (t.clone(), d))
+        })
+        .collect()
+}
+
+const WOKEN: &str = "voluntary_ctxt_switches";
+const PREEMPTED: &str = "nonvoluntary_ctxt_switches";
+
 /// Watches every process in `pids` over the same [`IDLE`] interval.
 fn watch(pids: &[u32]) -> Vec<Activity> {
-    let before: Vec<_> = pids.iter().map(|&p| (switches(p), cpu_time(p))).collect();
+    let snapshot = |p: u32| (switches(p, WOKEN), switches(p, PREEMPTED), cpu_time(p));
+    let before: Vec<_> = pids.iter().map(|&p| snapshot(p)).collect();
     std::thread::sleep(IDLE);
     pids.iter()
         .zip(before)
-        .map(|(&p, (s0, t0))| {
-            let (s1, t1) = (switches(p), cpu_time(p));
-            let woke = s1
-                .iter()
-                .filter_map(|(t, n)| {
-                    let d = n.saturating_sub(s0.get(t).copied().unwrap_or(0));
-                    (d > 0).then(|| (t.clone(), d))
-                })
-                .collect();
+        .map(|(&p, (w0, p0, t0))| {
+            let (w1, p1, t1) = snapshot(p);
             Activity {
-                woke,
+                woke: grown(&w0, &w1),
+                preempted: grown(&p0, &p1),
                 cpu: t1.saturating_sub(t0),
-                threads: s0.len(),
+                threads: w0.len(),
             }
         })
         .collect()
@@ -177,15 +190,31 @@ fn an_idle_process_with_devices_qps_and_a_listener_never_wakes() {
         q.threads >= 2 && u.threads >= 2,
         "the library's threads are there to watch: {q} / {u}"
     );
-    assert!(q.woke.is_empty() && q.cpu.is_zero(), "an idle process woke: {q}");
-    // With the keepalive: only the progress thread, for each of the two QPs' probes (one
-    // every 2 s, and the probe and its ACK may each wake it), and at most one clock tick
-    // (10 ms) of CPU time.
-    let probes: u64 = u.woke.values().sum();
     assert!(
-        u.woke.keys().all(|t| thread_name(t) == "softrdma-progre")
-            && probes <= 2 * 2 * (IDLE.as_secs() / 2 + 1)
-            && u.cpu <= Duration::from_millis(10),
+        q.woke.is_empty() && q.preempted.is_empty() && q.cpu.is_zero(),
+        "an idle process woke: {q}"
+    );
+    // With the keepalive: only the progress thread, once per probe round (both QPs probe on
+    // the same 250 ms grid step, every 2 s; a probe and its ACK between two QPs of one
+    // process arrive while it is still awake), plus one round that the interval may split.
+    // A timer left armed after its probe was answered would wake it a second time a round.
+    let wakeups: u64 = u.woke.values().sum();
+    assert!(
+        u.woke
+            .keys()
+            .chain(u.preempted.keys())
+            .all(|t| thread_name(t) == "softrdma-progre")
+            && wakeups <= IDLE.as_secs() / 2 + 2,
         "an idle process woke for something other than the keepalive: {u}"
+    );
+    // And no spinning: under 2 % of one CPU (a spinning thread takes 100 %). The bound is
+    // loose because each wakeup here is charged far more than its work: on this project's CI
+    // VM, memory untouched for a second costs ~30 µs a page to touch again (a 4 MiB read took
+    // 0.24 ms hot and 24-31 ms after a 1 s pause, sleeping or spinning alike). A debug
+    // build's probe round took 2 ms with probes every 20 ms and 4-13 ms every 2 s: 60-80 ms
+    // over the 10 s with both processes watched.
+    assert!(
+        u.cpu <= IDLE / 50,
+        "an idle process with the keepalive on used more than 2 % of a CPU: {u}"
     );
 }

@@ -220,6 +220,9 @@ impl CallerStep for Driven {
     }
 }
 
+/// How much later an armed timer must be wanted before [`Endpoint::schedule`] moves it.
+const RETIME_SLACK: Duration = Duration::from_millis(50);
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -494,21 +497,49 @@ impl Endpoint {
         }
     }
 
-    /// Arms the progress thread's timer for `deadline` if nothing earlier is armed.
+    /// Arms the progress thread's timer for `deadline` if nothing earlier is armed. A
+    /// deadline that moved later (an idle QP's probe was answered: its next one is 2 s away,
+    /// not the probe's 1 s ACK timeout) withdraws the armed timer once no QP needs it any
+    /// more, so that it does not wake the thread for nothing; a move of less than
+    /// [`RETIME_SLACK`] leaves it (it would only cost an early, harmless timer round).
     pub(crate) fn schedule(&self, deadline: Option<Instant>) {
         let Some(d) = deadline else { return };
         let mut at = lock(&self.timer_at);
         let now = Instant::now();
-        let earlier = match *at {
-            None => true,
-            Some(cur) => d < cur || cur <= now,
-        };
-        if earlier {
+        let Some(t) = self.control.get() else {
             *at = Some(d);
-            if let Some(t) = self.control.get() {
+            return;
+        };
+        match *at {
+            Some(cur) if cur > now && d >= cur => {
+                if d < cur + RETIME_SLACK {
+                    return;
+                }
+                let Some(next) = self.earliest_slot_deadline() else {
+                    return;
+                };
+                if next < cur + RETIME_SLACK {
+                    return;
+                }
+                self.reactor.cancel_timer(*t, cur);
+                *at = Some(next);
+                self.reactor.set_timer(*t, next);
+            }
+            _ => {
+                *at = Some(d);
                 self.reactor.set_timer(*t, d);
             }
         }
+    }
+
+    /// The earliest deadline any QP has (see [`Slot::deadline`]).
+    fn earliest_slot_deadline(&self) -> Option<Instant> {
+        self.qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(|s| s.deadline())
+            .min()
     }
 
     fn on_event(&self, token: Token, ev: Event) {

@@ -49,6 +49,10 @@ pub(crate) struct Slot {
     /// UDP payload bytes sent and received (BTH through pad), for `softrdma stat`.
     tx_bytes: AtomicU64,
     rx_bytes: AtomicU64,
+    /// The engine's next deadline as last computed (by a flush, or a blocked caller's
+    /// receive step): what the endpoint's timer must cover for this QP (see
+    /// `Endpoint::schedule`).
+    deadline: Mutex<Option<Instant>>,
 }
 
 thread_local! {
@@ -163,6 +167,7 @@ impl Slot {
             groups: Mutex::new(Vec::new()),
             tx_bytes: AtomicU64::new(0),
             rx_bytes: AtomicU64::new(0),
+            deadline: Mutex::new(None),
         }
     }
 
@@ -308,7 +313,7 @@ impl Slot {
         let guard = lock(&self.engine);
         match guard.as_ref() {
             Some(Engine::Rc { eng, .. }) if !eng.may_transmit() => {
-                let next = rc_deadline(eng);
+                let next = self.note_deadline(rc_deadline(eng));
                 drop(guard);
                 ep.schedule(next);
                 false
@@ -382,9 +387,25 @@ impl Slot {
         next
     }
 
+    /// The engine's next deadline as last computed.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        *lock(&self.deadline)
+    }
+
+    /// Records the engine's next deadline (called with the engine locked) and returns it.
+    fn note_deadline(&self, next: Option<Instant>) -> Option<Instant> {
+        *lock(&self.deadline) = next;
+        next
+    }
+
     /// Sends everything the engine has ready; returns its next deadline.
     fn flush(&self, ep: &Endpoint, engine: Option<&mut Engine>, now: Instant) -> Option<Instant> {
-        let engine = engine?;
+        let next = engine.and_then(|engine| self.transmit(ep, engine, now));
+        self.note_deadline(next)
+    }
+
+    /// [`Slot::flush`] with an engine.
+    fn transmit(&self, ep: &Endpoint, engine: &mut Engine, now: Instant) -> Option<Instant> {
         TX.with(|batch| {
             let mut batch = batch.borrow_mut();
             loop {
