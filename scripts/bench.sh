@@ -12,7 +12,8 @@
 #     - ib_send_lat -e and `softrdma perf send-lat --events` (both sleep on a completion
 #       channel) against sockperf blocking;
 #   connection setup: crates/cm/examples/conn_rate.rs (softrdma-cm create, resolve, QPs,
-#     connect, accept, disconnect, destroy on siw_lo) against raw TCP connect+accept+close,
+#     connect, accept, disconnect, destroy on siw_lo, then over the IB CM on rxe_lo) against
+#     raw TCP connect+accept+close,
 #     which the example measures itself, in the same process.
 # Takes about 1 min after the release build on 2 vCPUs (BENCH_QUICK=1: shorter runs, about 20 s,
 # to check that every row gives a number; its numbers are noisier). Nothing is pinned to a CPU:
@@ -166,11 +167,13 @@ sockperf_pp() {
   val[$name]=$(awk '/percentile 50.000/ { print $NF }' "$work/$name.log")
   val[$name.avg]=$(sed -n 's/.*avg-latency=\([0-9.]*\).*/\1/p' "$work/$name.log")
 }
-# cm_rate: the conn_rate example's row "| N | CM conn/s (µs) | TCP conn/s (µs) | TCP/CM |"
+# cm_rate NAME TRANSPORTS: the conn_rate example's row "| N | CM conn/s (µs) | TCP conn/s (µs)
+# | TCP/CM |" with SOFTRDMA_TRANSPORTS=TRANSPORTS (over 127.0.0.1, iwarp: siw_lo, roce: rxe_lo)
 cm_rate() {
-  client "$work/cm.log" "$conn_rate" "$conns"
-  read -r 'val[cm]' 'val[cm.us]' 'val[tcpconn]' 'val[tcpconn.us]' < <(awk -F'|' 'NF >= 5 && $2 + 0 > 0 {
-      gsub(/[()]/, "", $3); gsub(/[()]/, "", $4); print $3, $4 }' "$work/cm.log") || true
+  local name=$1
+  client "$work/$name.log" env SOFTRDMA_TRANSPORTS="$2" "$conn_rate" "$conns"
+  read -r "val[$name]" "val[$name.us]" "val[tcp$name]" "val[tcp$name.us]" < <(awk -F'|' 'NF >= 5 && $2 + 0 > 0 {
+      gsub(/[()]/, "", $3); gsub(/[()]/, "", $4); print $3, $4 }' "$work/$name.log") || true
 }
 
 iperf iperf1
@@ -188,11 +191,12 @@ sockperf_pp block block
 ib_lat send_lat_ev ib_send_lat -e
 perf_lat perf_ev_iw --events
 perf_lat perf_ev_roce --events -d rxe_lo
-cm_rate
+cm_rate cm iwarp
+cm_rate cmr roce
 
 failed=()
 for k in iperf1 iperf2 w0 w1 r0 r1 siw1 busy busy.avg send_lat send_lat.avg write_lat write_lat.avg read_lat \
-  read_lat.avg block block.avg send_lat_ev send_lat_ev.avg perf_ev_iw perf_ev_iw.p99 perf_ev_roce perf_ev_roce.p99 cm cm.us tcpconn tcpconn.us; do
+  read_lat.avg block block.avg send_lat_ev send_lat_ev.avg perf_ev_iw perf_ev_iw.p99 perf_ev_roce perf_ev_roce.p99 cm cm.us tcpcm tcpcm.us cmr cmr.us tcpcmr tcpcmr.us; do
   if num "${val[$k]:-}"; then printf '%s=%s\n' "$k" "${val[$k]}"; else failed+=("$k"); fi
 done >"$work/values"
 python3 - "$work/values" "$conns" <<'PY'
@@ -242,10 +246,12 @@ for key, what in [
     s = v.get(key)
     s_text = f"{s:.1f} µs (p99 {v[key + '.p99']:.1f})" if s is not None and key + ".p99" in v else None
     row(what, s if s_text else None, s_text, v.get("block"), block_text, "lower")
-cm = f"{v['cm']:.0f} conn/s ({v['cm.us']:.0f} µs)" if "cm" in v and "cm.us" in v else None
-tc = f"TCP connect+accept+close: {v['tcpconn']:.0f} conn/s ({v['tcpconn.us']:.0f} µs)" if "tcpconn" in v and "tcpconn.us" in v else None
-row(f"softrdma-cm connection cycles (conn_rate, {conns}, siw_lo)", v.get("cm") if cm else None, cm,
-    v.get("tcpconn") if tc else None, tc, "higher")
+for key, dev in [("cm", "siw_lo"), ("cmr", "rxe_lo, IB CM")]:
+    cm = f"{v[key]:.0f} conn/s ({v[key + '.us']:.0f} µs)" if key in v and key + ".us" in v else None
+    t = "tcp" + key
+    tc = f"TCP connect+accept+close: {v[t]:.0f} conn/s ({v[t + '.us']:.0f} µs)" if t in v and t + ".us" in v else None
+    row(f"softrdma-cm connection cycles (conn_rate, {conns}, {dev})", v.get(key) if cm else None, cm,
+        v.get(t) if tc else None, tc, "higher")
 PY
 if [ ${#failed[@]} -gt 0 ]; then
   keep_logs=1

@@ -146,23 +146,15 @@ pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
         (same_link, delay)
     };
     let (Some(link_id), delay) = old else { return false };
-    let w = Arc::downgrade(id);
+    let Some(agent) = Agent::existing() else { return false };
     tracing::debug!(peer = %ls.peer, ?delay, "IB CM: nothing listens there yet, REQ again");
-    std::thread::Builder::new()
-        .name("softrdma-cm-retry".into())
-        .spawn(move || {
-            std::thread::sleep(delay);
-            let _round = softrdma_verbs::fork_gate::busy();
-            if let Some(id) = w.upgrade() {
-                restart(&CmId::from_inner(id), link_id);
-            }
-        })
-        .is_ok()
+    agent.schedule_retry(Instant::now() + delay, Arc::downgrade(id), link_id);
+    true
 }
 
 /// The retry of [`retry_unclaimed`]: a new REQ (new communication ID and PSN) on the same id,
 /// unless the id moved on meanwhile.
-fn restart(id: &CmId, old_link: u32) {
+pub(crate) fn restart(id: &CmId, old_link: u32) {
     let (param, old) = {
         let mut st = id.lock();
         let same = st.ib.as_ref().is_some_and(|h| h.link.local_id == old_link);

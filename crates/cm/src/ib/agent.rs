@@ -1,12 +1,16 @@
 //! The process's IB CM agent: receives MADs from the soft-RoCE driver (QP1), keeps the table
-//! of connections (by communication ID) and listeners (by service ID), and runs one worker
-//! thread that feeds MADs and timer expiries into the per-connection machines.
+//! of connections (by communication ID) and listeners (by service ID), and feeds MADs and
+//! timer expiries into the per-connection machines. It has no thread of its own: it is a
+//! source of the progress thread's reactor ([`softrdma_verbs::progress`]), kicked when work
+//! comes and woken by the reactor's timers, so that a MAD is handled in the same progress
+//! round that received it (no cross-thread wakeup) and an idle agent never wakes.
 //!
 //! The driver calls [`Handler::on_mad`] (and [`Handler::on_peer_lost`]) on the progress
-//! thread; it only queues the MAD (or the report). The
-//! worker parses it and steps the connection (under the connection's lock, which also orders
+//! thread, inside its own round; it only queues the MAD (or the report) and kicks the agent,
+//! whose round comes next. The
+//! agent parses it and steps the connection (under the connection's lock, which also orders
 //! the MADs it sends and the events it posts). Locks are taken in the order connection →
-//! tables → queue, never the other way round; an id's lock is never held while a
+//! tables → queue → reactor, never the other way round; an id's lock is never held while a
 //! connection's is taken.
 
 use super::ids::IdAlloc;
@@ -14,16 +18,21 @@ use super::link::{Link, LinkState};
 use super::mad_io;
 use softrdma_roce::gsi::{GsiPeer, MadHandler, ServiceClaim};
 use softrdma_roce::liveness::PeerLostHandler;
+use softrdma_verbs::progress::{Event, Reactor, Source, Token};
 use softrdma_verbs::{Error, Result};
 use softrdma_wire::ibcm::{CmMad, CmMessage, Drep, Rej, RejReason, CM_MSG_REP, MAD_LEN};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// Work for the worker thread.
+/// At most this many work items or timers in one progress round (then the agent kicks itself
+/// and lets the reactor's other sources run).
+const ROUND_LIMIT: usize = 64;
+
+/// Work for the agent.
 pub(crate) enum Work {
     /// A MAD from the driver.
     Mad(GsiPeer, Box<[u8; MAD_LEN]>),
@@ -36,7 +45,55 @@ pub(crate) enum Work {
 #[derive(Default)]
 struct Queue {
     work: VecDeque<Work>,
+    /// Connection timers: (when, local communication ID).
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// "Nothing listens there yet" retries of an active id: (when, id, its link then).
+    retries: Vec<(Instant, Weak<crate::id::IdInner>, u32)>,
+    /// The reactor timer armed for the earliest of these (an earlier one re-arms it; a
+    /// later-armed timer that fires early only runs an empty round).
+    armed: Option<Instant>,
+}
+
+/// What the agent does next.
+enum Next {
+    Work(Work),
+    Timer(u32),
+    Retry(Weak<crate::id::IdInner>, u32),
+}
+
+impl Queue {
+    /// The next thing due at `now`: work first, then expired timers.
+    fn pop(&mut self, now: Instant) -> Option<Next> {
+        if let Some(w) = self.work.pop_front() {
+            return Some(Next::Work(w));
+        }
+        if let Some(Reverse((t, id))) = self.timers.peek().copied() {
+            if t <= now {
+                self.timers.pop();
+                return Some(Next::Timer(id));
+            }
+        }
+        let i = self.retries.iter().position(|(t, ..)| *t <= now)?;
+        let (_, id, link) = self.retries.swap_remove(i);
+        Some(Next::Retry(id, link))
+    }
+
+    /// The earliest timer or retry.
+    fn earliest(&self) -> Option<Instant> {
+        let t = self.timers.peek().map(|Reverse((t, _))| *t);
+        let r = self.retries.iter().map(|(t, ..)| *t).min();
+        t.into_iter().chain(r).min()
+    }
+
+    /// True if `at` needs the reactor's timer re-armed (nothing armed that is still ahead
+    /// and no later than `at`); then records it as armed.
+    fn arm(&mut self, at: Instant, now: Instant) -> bool {
+        let needed = self.armed.is_none_or(|a| a <= now || at < a);
+        if needed {
+            self.armed = Some(at);
+        }
+        needed
+    }
 }
 
 /// A registered listen.
@@ -66,7 +123,9 @@ pub(crate) struct Agent {
     pub(crate) ids: IdAlloc,
     tables: Mutex<Tables>,
     queue: Mutex<Queue>,
-    wake: Condvar,
+    /// This process's reactor, and the agent's token in it.
+    reactor: &'static Arc<Reactor>,
+    token: OnceLock<Token>,
     /// The port in this process's communication IDs.
     port: u16,
     /// The process that started the agent (a forked child has no progress thread to flush).
@@ -80,6 +139,17 @@ pub(crate) struct Agent {
 
 /// What the driver calls.
 struct Handler(Weak<Agent>);
+
+/// The agent as a source of the progress thread's reactor.
+struct Driven(Weak<Agent>);
+
+impl Source for Driven {
+    fn on_event(&self, _token: Token, _ev: Event) {
+        if let Some(a) = self.0.upgrade() {
+            a.round();
+        }
+    }
+}
 
 impl MadHandler for Handler {
     fn on_mad(&self, peer: GsiPeer, mad: &[u8]) {
@@ -121,13 +191,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The agent of each fork generation: a forked child starts its own worker thread (see
+/// The agent of each fork generation: a forked child starts its own, on its own reactor (see
 /// `softrdma_verbs::fork`).
 static AGENT: softrdma_verbs::fork::PerProcess<std::result::Result<Arc<Agent>, Error>> =
     softrdma_verbs::fork::PerProcess::new();
 
 impl Agent {
-    /// The agent, started on first use (driver endpoint, MAD handler, worker thread).
+    /// The agent, started on first use (driver endpoint, MAD handler, reactor source).
     pub(crate) fn get() -> Result<Arc<Agent>> {
         AGENT.get_or_init(Agent::start).clone()
     }
@@ -139,25 +209,24 @@ impl Agent {
 
     fn start() -> Result<Arc<Agent>> {
         let port = mad_io::comm_id_port()?;
+        let reactor = Reactor::global()?;
         let agent = Arc::new(Agent {
             ids: IdAlloc::new(port),
             tables: Mutex::new(Tables::default()),
             queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
+            reactor,
+            token: OnceLock::new(),
             port,
             pid: std::process::id(),
             barrier_next: AtomicU32::new(0),
             barrier_seen: Mutex::new(0),
             barrier_cv: Condvar::new(),
         });
+        let token = reactor.add(Arc::new(Driven(Arc::downgrade(&agent))));
+        let _ = agent.token.set(token);
         let handler = Arc::new(Handler(Arc::downgrade(&agent)));
         mad_io::set_handler(handler.clone())?;
         mad_io::set_peer_lost_handler(handler);
-        let w = agent.clone();
-        std::thread::Builder::new()
-            .name("softrdma-ibcm".into())
-            .spawn(move || w.run())
-            .map_err(|e| Error::os("IB CM: worker thread", &e))?;
         Ok(agent)
     }
 
@@ -190,20 +259,35 @@ impl Agent {
         lock(&self.tables)
     }
 
-    /// Queues work for the worker.
+    /// Queues work for the agent's next progress round.
     pub(crate) fn push(&self, w: Work) {
         lock(&self.queue).work.push_back(w);
-        self.wake.notify_one();
+        if let Some(t) = self.token.get() {
+            self.reactor.kick(*t);
+        }
     }
 
-    /// Makes the worker run `link`'s timer at `at`.
+    /// Runs `link`'s timer at `at`.
     pub(crate) fn schedule(&self, at: Instant, local_id: u32) {
         let mut q = lock(&self.queue);
-        let earliest = q.timers.peek().is_none_or(|Reverse((t, _))| at < *t);
         q.timers.push(Reverse((at, local_id)));
-        drop(q);
-        if earliest {
-            self.wake.notify_one();
+        self.arm(&mut q, at);
+    }
+
+    /// Connects `id` again at `at` (its REQ over link `link` found no listener), unless it
+    /// moved on meanwhile ([`super::active::restart`]).
+    pub(crate) fn schedule_retry(&self, at: Instant, id: Weak<crate::id::IdInner>, link: u32) {
+        let mut q = lock(&self.queue);
+        q.retries.push((at, id, link));
+        self.arm(&mut q, at);
+    }
+
+    /// Arms the reactor's timer for `at` if nothing armed covers it.
+    fn arm(&self, q: &mut Queue, at: Instant) {
+        if q.arm(at, Instant::now()) {
+            if let Some(t) = self.token.get() {
+                self.reactor.set_timer(*t, at);
+            }
         }
     }
 
@@ -237,44 +321,37 @@ impl Agent {
         self.tables().links.get(&local_id).cloned()
     }
 
-    fn run(self: Arc<Self>) {
-        loop {
-            let next = {
-                let mut q = lock(&self.queue);
-                loop {
-                    if let Some(w) = q.work.pop_front() {
-                        break Ok(w);
-                    }
-                    let now = Instant::now();
-                    match q.timers.peek() {
-                        Some(Reverse((t, id))) if *t <= now => {
-                            let id = *id;
-                            q.timers.pop();
-                            break Err(id);
-                        }
-                        // Until the next timer, or new work (`push` and an earlier `schedule`
-                        // notify): an idle agent never wakes.
-                        Some(Reverse((t, _))) => {
-                            let wait = *t - now;
-                            q = self.wake.wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0;
-                        }
-                        None => {
-                            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
-                        }
+    /// One progress round: the queued work and the expired timers, at most [`ROUND_LIMIT`]
+    /// of them; then a kick for what is left, or the reactor's timer for the next deadline.
+    fn round(self: &Arc<Self>) {
+        for _ in 0..ROUND_LIMIT {
+            let Some(next) = lock(&self.queue).pop(Instant::now()) else {
+                break;
+            };
+            match next {
+                Next::Work(Work::Mad(peer, mad)) => self.on_mad(peer, &mad[..]),
+                Next::Work(Work::Abandon(link)) => link.abandon(self),
+                Next::Work(Work::PeerLost(qpn, peer, why)) => self.on_peer_lost(qpn, peer, why),
+                Next::Timer(id) => {
+                    if let Some(l) = self.link(id) {
+                        l.on_timer(self);
                     }
                 }
-            };
-            let _round = softrdma_verbs::fork_gate::busy();
-            match next {
-                Ok(Work::Mad(peer, mad)) => self.on_mad(peer, &mad[..]),
-                Ok(Work::Abandon(link)) => link.abandon(&self),
-                Ok(Work::PeerLost(qpn, peer, why)) => self.on_peer_lost(qpn, peer, why),
-                Err(id) => {
-                    if let Some(l) = self.link(id) {
-                        l.on_timer(&self);
+                Next::Retry(id, link) => {
+                    if let Some(id) = id.upgrade() {
+                        super::active::restart(&crate::CmId::from_inner(id), link);
                     }
                 }
             }
+        }
+        let mut q = lock(&self.queue);
+        let now = Instant::now();
+        let Some(t) = self.token.get() else { return };
+        if !q.work.is_empty() || q.earliest().is_some_and(|at| at <= now) {
+            drop(q);
+            self.reactor.kick(*t);
+        } else if let Some(at) = q.earliest() {
+            self.arm(&mut q, at);
         }
     }
 
@@ -354,5 +431,51 @@ impl Agent {
             Some(_) => {}
             None => ls.scheduled = None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timer_of(n: Option<Next>) -> Option<u32> {
+        match n {
+            Some(Next::Timer(id)) => Some(id),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn work_comes_first_then_expired_timers_then_retries() {
+        let t0 = Instant::now();
+        let mut q = Queue::default();
+        q.timers.push(Reverse((t0 + Duration::from_millis(5), 2)));
+        q.timers.push(Reverse((t0, 1)));
+        q.retries.push((t0 + Duration::from_millis(1), Weak::new(), 9));
+        q.work
+            .push_back(Work::PeerLost(3, IpAddr::V4(Ipv4Addr::LOCALHOST), String::new()));
+        assert!(matches!(q.pop(t0), Some(Next::Work(Work::PeerLost(3, ..)))));
+        assert_eq!(timer_of(q.pop(t0)), Some(1));
+        // Nothing else is due at t0: the next timer and the retry are still ahead.
+        assert!(q.pop(t0).is_none());
+        assert_eq!(q.earliest(), Some(t0 + Duration::from_millis(1)));
+        assert!(matches!(q.pop(t0 + Duration::from_millis(1)), Some(Next::Retry(_, 9))));
+        assert_eq!(q.earliest(), Some(t0 + Duration::from_millis(5)));
+        assert_eq!(timer_of(q.pop(t0 + Duration::from_millis(9))), Some(2));
+        assert!(q.pop(t0 + Duration::from_secs(9)).is_none());
+        assert_eq!(q.earliest(), None);
+    }
+
+    #[test]
+    fn the_reactor_timer_is_armed_only_when_nothing_armed_covers_the_deadline() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = Queue::default();
+        assert!(q.arm(t0 + ms(10), t0), "nothing armed yet");
+        assert!(!q.arm(t0 + ms(20), t0), "a later deadline: the armed timer comes first");
+        assert!(!q.arm(t0 + ms(10), t0), "the same deadline");
+        assert!(q.arm(t0 + ms(5), t0), "an earlier one");
+        assert_eq!(q.armed, Some(t0 + ms(5)));
+        assert!(q.arm(t0 + ms(20), t0 + ms(6)), "the armed timer has fired");
     }
 }

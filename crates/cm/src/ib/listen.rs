@@ -215,7 +215,7 @@ fn listener_timing(l: &IdInner) -> Timing {
     Timing::for_id(o.ack_timeout, o.cm_response_timeout, o.cm_retries)
 }
 
-/// A REQ arrived (worker thread).
+/// A REQ arrived (the agent's round, on the progress thread).
 pub(crate) fn on_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Req) {
     let dup = agent
         .tables()
@@ -325,7 +325,7 @@ pub(crate) fn on_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &Req) {
     );
 }
 
-/// A SIDR_REQ arrived (worker thread).
+/// A SIDR_REQ arrived (the agent's round, on the progress thread).
 pub(crate) fn on_sidr_req(agent: &Arc<Agent>, peer: GsiPeer, tid: u64, req: &SidrReq) {
     let dup = agent
         .tables()

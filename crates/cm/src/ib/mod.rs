@@ -3,7 +3,8 @@
 //!
 //! - [`conn`], [`sidr`]: the per-connection machines, sans I/O (unit-tested with simulated
 //!   time); [`timing`]: their timers and retries.
-//! - [`agent`]: the process's CM (one worker thread), fed by the driver's MAD handler;
+//! - [`agent`]: the process's CM (a source of the progress thread, no thread of its own),
+//!   fed by the driver's MAD handler;
 //!   [`link`]: one exchange bound to its id; [`report`]: machine reports to CM events.
 //! - [`listen`] (REQ → CONNECT_REQUEST), [`active`] (connect, establish), [`passive`]
 //!   (accept, reject), [`close`] (disconnect, destroy): the rdma_cm calls on RoCE ids.
