@@ -328,17 +328,21 @@ impl IdInner {
             (delay, attempt)
         };
         let (delay, attempt) = delay;
+        let Ok(reactor) = softrdma_verbs::progress::Reactor::global() else {
+            return false;
+        };
+        // A timer of the progress thread, which also delivers the connection's events: the
+        // retry's connect returns (and stores its handle) before any of them can run.
         let w = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("softrdma-cm-retry".into())
-            .spawn(move || {
-                std::thread::sleep(delay);
-                let _round = softrdma_verbs::fork_gate::busy();
+        let _ = reactor.call_at(
+            std::time::Instant::now() + delay,
+            Box::new(move || {
                 if let Some(id) = w.upgrade() {
                     id.reconnect(attempt);
                 }
-            })
-            .is_ok()
+            }),
+        );
+        true
     }
 
     /// The retry of [`IdInner::retry_refused`], unless the id moved on meanwhile.

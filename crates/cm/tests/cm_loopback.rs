@@ -390,6 +390,48 @@ fn r8_no_listener_is_rejected_promptly() {
     teardown(c, Some(cs));
 }
 
+/// The other side of R8: a listener that appears while the connect is being retried (within
+/// the 500 ms budget; perftest `-R` re-listens just while its client connects) gets the
+/// request, and the connection completes. The retries are timers of the progress thread.
+#[test]
+fn a_listener_that_appears_during_the_retries_gets_the_request() {
+    let (chc, chs) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let c = resolved(&chc, addr);
+    let cs = side(&c);
+    c.connect(&conn_param(b"late")).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let tasks = |name: &str| {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+            .count()
+    };
+    assert_eq!(tasks("softrdma-cm-ret"), 0, "no thread per retry");
+    let l = new_id(Some(&chs));
+    l.bind_addr(addr).unwrap();
+    l.listen(8).unwrap();
+    let req = expect(&chs, EventType::ConnectRequest);
+    assert_eq!(req.param.private_data, b"late");
+    let s = req.id.clone();
+    drop(req);
+    let ss = side(&s);
+    s.accept(None).unwrap();
+    drop(expect(&chs, EventType::Established));
+    drop(expect(&chc, EventType::Established));
+    Pair {
+        chc,
+        chs,
+        l,
+        c,
+        cs,
+        s,
+        ss,
+    }
+    .close();
+}
+
 #[test]
 fn private_data_limit_is_256() {
     assert_eq!(MAX_PRIVATE_DATA, 256);

@@ -436,6 +436,45 @@ fn r8_nothing_listening_is_rejected_with_reason_8() {
     teardown(c, Some(cs));
 }
 
+/// The other side of R8: a listener that appears while the REQ is being retried (within the
+/// 500 ms budget) gets it, and the connection completes. The retries are timers of the IB CM
+/// on the progress thread: no thread per retry, and none of the CM's own.
+#[test]
+fn a_listener_that_appears_during_the_retries_gets_the_request() {
+    let (chc, chs) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let c = resolved(&chc, addr, PortSpace::Tcp);
+    let cs = side(&c, QpType::Rc);
+    c.connect(&param(b"late")).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n == "softrdma-cm-ret" || n == "softrdma-ibcm"),
+        "threads: {names:?}"
+    );
+    let (l, _) = listener_at(Some(&chs), PortSpace::Tcp, addr, 8);
+    let req = expect(&chs, EventType::ConnectRequest);
+    starts_with(&req.param.private_data, b"late", roce_limits::CONNECT);
+    let s = req.id.clone();
+    drop(req);
+    let ss = side(&s, QpType::Rc);
+    s.accept(None).unwrap();
+    drop(expect(&chs, EventType::Established));
+    drop(expect(&chc, EventType::Established));
+    c.disconnect().unwrap();
+    drop(expect(&chs, EventType::Disconnected));
+    s.disconnect().unwrap();
+    drop(expect(&chc, EventType::Disconnected));
+    teardown(c, Some(cs));
+    teardown(s, Some(ss));
+    destroy(l);
+}
+
 #[test]
 fn r9_full_backlog_drops_requests_until_unreachable() {
     let (chs, chc) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());

@@ -246,6 +246,15 @@ impl Reactor {
         }
     }
 
+    /// Calls `f` once, on the progress thread, at (or soon after) `at`: a one-shot timer
+    /// with no source of its own to keep (it is registered, under the token returned, until
+    /// it has run).
+    pub fn call_at(&self, at: Instant, f: Box<dyn FnOnce() + Send>) -> Token {
+        let token = self.add(Arc::new(CallOnce(Mutex::new(Some(f)))));
+        self.set_timer(token, at);
+        token
+    }
+
     /// Withdraws the timer set for `token` at exactly `deadline` (one that is no longer
     /// wanted, such as a handshake's bound once the connection is up), so that it never wakes
     /// the progress thread. A source still ignores a timer event it did not expect.
@@ -370,6 +379,25 @@ impl Reactor {
     }
 }
 
+/// A source that runs its function at its timer, once, and then removes itself
+/// ([`Reactor::call_at`]).
+struct CallOnce(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+impl Source for CallOnce {
+    fn on_event(&self, token: Token, ev: Event) {
+        if !ev.timer {
+            return;
+        }
+        let f = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(r) = Reactor::existing() {
+            r.deregister(token, None);
+        }
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
 /// The reactor of each fork generation (see `fork`).
 static REACTOR: PerProcess<std::result::Result<Arc<Reactor>, String>> = PerProcess::new();
 
@@ -479,5 +507,28 @@ mod tests {
         wait_for("the kick after the hold", || counter.0.load(Ordering::SeqCst) == 2);
         assert!(!reactor.lock().fork_pause);
         reactor.deregister(token, None);
+    }
+
+    #[test]
+    fn call_at_runs_once_on_the_progress_thread_no_earlier_and_leaves_no_source() {
+        let reactor = Reactor::global().expect("reactor");
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let r = ran.clone();
+        let at = Instant::now() + Duration::from_millis(20);
+        let token = reactor.call_at(
+            at,
+            Box::new(move || {
+                let name = std::thread::current().name().map(str::to_owned);
+                r.lock().unwrap().push((Instant::now(), name));
+            }),
+        );
+        wait_for("the call", || !ran.lock().unwrap().is_empty());
+        // The source is gone once it ran: another kick or timer cannot call it again.
+        std::thread::sleep(Duration::from_millis(50));
+        let ran = ran.lock().unwrap();
+        assert_eq!(ran.len(), 1);
+        assert!(ran[0].0 >= at, "not before its time");
+        assert_eq!(ran[0].1.as_deref(), Some("softrdma-progress"));
+        assert!(!reactor.lock().sources.contains_key(&token));
     }
 }
