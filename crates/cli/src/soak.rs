@@ -554,8 +554,9 @@ fn client(args: &SoakArgs, dst: SocketAddr, server: Option<Arc<ServerStats>>) ->
             args.bytes.map(|b| format!(" or {b} bytes")).unwrap_or_default()
         );
     }
-    // The device's process-wide resources (the soft-RoCE endpoint's sockets) are opened by the
-    // first QP and live as long as the process: open them before the baseline.
+    // The device's process-wide resources (the soft-RoCE endpoint's sockets, opened by the
+    // first QP, and the IB CM, a progress-thread source since 2026-12-06) live as long as
+    // the process: open them before the baseline.
     let device = open_device_once(dst).map_err(|e| format!("soak: opening the device for {dst}: {e}"))?;
     let fds_before = fd_count();
     let sources_before = reactor_sources();
@@ -757,6 +758,9 @@ fn open_device_once(dst: SocketAddr) -> Result<String, String> {
     drop(expect_event(&ch, EventType::AddrResolved, OP_TIMEOUT)?);
     let ctx = id.context().ok_or("the resolved id has no device")?;
     let device = ctx.device().name.clone();
+    if ctx.device().transport == softrdma_verbs::device::TransportKind::Roce {
+        softrdma_cm::start_ib_cm().map_err(e("the IB CM"))?;
+    }
     let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
     let cq = ctx.create_cq(8, None).map_err(e("create_cq"))?;
     id.create_qp(&pd, QpInitAttr::rc(&cq, 2, 2))

@@ -58,6 +58,14 @@ pub fn flush_mads(limit: std::time::Duration) -> bool {
     ib::agent::Agent::existing().is_none_or(|a| a.flush(limit))
 }
 
+/// Starts this process's IB CM, the connection manager of RoCE ids (a source of the progress
+/// thread that lives as long as the process, like the soft-RoCE endpoint's sockets). The first
+/// RoCE `rdma_listen`, `rdma_connect` or `rdma_accept` starts it anyway; a leak check that
+/// takes a baseline of the process's resources calls this before it.
+pub fn start_ib_cm() -> softrdma_verbs::Result<()> {
+    ib::agent::Agent::get().map(drop)
+}
+
 /// Q_Key of RDMA_PS_UDP ids (`RDMA_UDP_QKEY`, 0x01234567): SIDR_REP carries it.
 pub use ib::qp_setup::RDMA_UDP_QKEY;
 /// Environment variables of the RoCE connection manager: `SOFTRDMA_CM_TIMEOUT_MS` (wait for each
