@@ -381,7 +381,9 @@ impl RcEngine {
     }
 
     /// Moves the QP to ERR: the failed WR (if any) has completed already; in-flight WRs flush,
-    /// then the queued ones, then the receive side.
+    /// then the queued ones, then the receive side. The QP is in ERR before the first flush
+    /// completion (as rxe's completer moves it before it flushes): an application that polled
+    /// every completion and then queries the QP finds ERR.
     fn fail(&mut self, e: RcError) {
         let keep = match e {
             RcError::Rejected { .. } => KeepReplies::FinalNak,
@@ -391,11 +393,11 @@ impl RcEngine {
         if !matches!(e, RcError::Flushed) {
             tracing::debug!(qpn = self.qp.qpn(), error = %e, "RC QP to error state");
         }
+        let (sends, recvs) = self.qp.enter_error();
         self.req.flush(&*self.qp);
         if !matches!(e, RcError::Flushed) && !self.flushed {
             self.qp.report_fatal();
         }
-        let (sends, recvs) = self.qp.enter_error();
         let mut all_recvs: Vec<_> = self.resp.abort(keep).into_iter().collect();
         all_recvs.extend(recvs);
         self.qp.flush(sends, all_recvs);
