@@ -146,15 +146,26 @@ pub(crate) fn retry_unclaimed(ls: &LinkState, id: &Arc<IdInner>) -> bool {
         (same_link, delay)
     };
     let (Some(link_id), delay) = old else { return false };
-    let Some(agent) = Agent::existing() else { return false };
+    let Ok(reactor) = softrdma_verbs::progress::Reactor::global() else {
+        return false;
+    };
     tracing::debug!(peer = %ls.peer, ?delay, "IB CM: nothing listens there yet, REQ again");
-    agent.schedule_retry(Instant::now() + delay, Arc::downgrade(id), link_id);
+    // A timer of the progress thread, as iWARP's retry (`IdInner::retry_refused`).
+    let w = Arc::downgrade(id);
+    let _ = reactor.call_at(
+        Instant::now() + delay,
+        Box::new(move || {
+            if let Some(id) = w.upgrade() {
+                restart(&CmId::from_inner(id), link_id);
+            }
+        }),
+    );
     true
 }
 
 /// The retry of [`retry_unclaimed`]: a new REQ (new communication ID and PSN) on the same id,
 /// unless the id moved on meanwhile.
-pub(crate) fn restart(id: &CmId, old_link: u32) {
+fn restart(id: &CmId, old_link: u32) {
     let (param, old) = {
         let mut st = id.lock();
         let same = st.ib.as_ref().is_some_and(|h| h.link.local_id == old_link);

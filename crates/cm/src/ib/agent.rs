@@ -47,8 +47,6 @@ struct Queue {
     work: VecDeque<Work>,
     /// Connection timers: (when, local communication ID).
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
-    /// "Nothing listens there yet" retries of an active id: (when, id, its link then).
-    retries: Vec<(Instant, Weak<crate::id::IdInner>, u32)>,
     /// The reactor timer armed for the earliest of these (an earlier one re-arms it; a
     /// later-armed timer that fires early only runs an empty round).
     armed: Option<Instant>,
@@ -58,31 +56,24 @@ struct Queue {
 enum Next {
     Work(Work),
     Timer(u32),
-    Retry(Weak<crate::id::IdInner>, u32),
 }
 
 impl Queue {
-    /// The next thing due at `now`: work first, then expired timers.
+    /// The next thing due at `now`: work first, then an expired timer.
     fn pop(&mut self, now: Instant) -> Option<Next> {
         if let Some(w) = self.work.pop_front() {
             return Some(Next::Work(w));
         }
-        if let Some(Reverse((t, id))) = self.timers.peek().copied() {
-            if t <= now {
-                self.timers.pop();
-                return Some(Next::Timer(id));
-            }
-        }
-        let i = self.retries.iter().position(|(t, ..)| *t <= now)?;
-        let (_, id, link) = self.retries.swap_remove(i);
-        Some(Next::Retry(id, link))
+        let Reverse((t, id)) = self.timers.peek().copied()?;
+        (t <= now).then(|| {
+            self.timers.pop();
+            Next::Timer(id)
+        })
     }
 
-    /// The earliest timer or retry.
+    /// The earliest timer.
     fn earliest(&self) -> Option<Instant> {
-        let t = self.timers.peek().map(|Reverse((t, _))| *t);
-        let r = self.retries.iter().map(|(t, ..)| *t).min();
-        t.into_iter().chain(r).min()
+        self.timers.peek().map(|Reverse((t, _))| *t)
     }
 
     /// True if `at` needs the reactor's timer re-armed (nothing armed that is still ahead
@@ -274,14 +265,6 @@ impl Agent {
         self.arm(&mut q, at);
     }
 
-    /// Connects `id` again at `at` (its REQ over link `link` found no listener), unless it
-    /// moved on meanwhile ([`super::active::restart`]).
-    pub(crate) fn schedule_retry(&self, at: Instant, id: Weak<crate::id::IdInner>, link: u32) {
-        let mut q = lock(&self.queue);
-        q.retries.push((at, id, link));
-        self.arm(&mut q, at);
-    }
-
     /// Arms the reactor's timer for `at` if nothing armed covers it.
     fn arm(&self, q: &mut Queue, at: Instant) {
         if q.arm(at, Instant::now()) {
@@ -335,11 +318,6 @@ impl Agent {
                 Next::Timer(id) => {
                     if let Some(l) = self.link(id) {
                         l.on_timer(self);
-                    }
-                }
-                Next::Retry(id, link) => {
-                    if let Some(id) = id.upgrade() {
-                        super::active::restart(&crate::CmId::from_inner(id), link);
                     }
                 }
             }
@@ -446,20 +424,17 @@ mod tests {
     }
 
     #[test]
-    fn work_comes_first_then_expired_timers_then_retries() {
+    fn work_comes_first_then_expired_timers() {
         let t0 = Instant::now();
         let mut q = Queue::default();
         q.timers.push(Reverse((t0 + Duration::from_millis(5), 2)));
         q.timers.push(Reverse((t0, 1)));
-        q.retries.push((t0 + Duration::from_millis(1), Weak::new(), 9));
         q.work
             .push_back(Work::PeerLost(3, IpAddr::V4(Ipv4Addr::LOCALHOST), String::new()));
         assert!(matches!(q.pop(t0), Some(Next::Work(Work::PeerLost(3, ..)))));
         assert_eq!(timer_of(q.pop(t0)), Some(1));
-        // Nothing else is due at t0: the next timer and the retry are still ahead.
+        // Nothing else is due at t0: the next timer is still ahead.
         assert!(q.pop(t0).is_none());
-        assert_eq!(q.earliest(), Some(t0 + Duration::from_millis(1)));
-        assert!(matches!(q.pop(t0 + Duration::from_millis(1)), Some(Next::Retry(_, 9))));
         assert_eq!(q.earliest(), Some(t0 + Duration::from_millis(5)));
         assert_eq!(timer_of(q.pop(t0 + Duration::from_millis(9))), Some(2));
         assert!(q.pop(t0 + Duration::from_secs(9)).is_none());
