@@ -216,6 +216,24 @@ fn connected(cpd: &[u8], spd: &[u8]) -> Pair {
 }
 
 impl Pair {
+    /// The server side `s` of client `c` (its CONNECT_REQUEST taken) accepts with no private
+    /// data; both ESTABLISHED events are consumed.
+    fn accept(chc: EventChannel, chs: EventChannel, l: CmId, c: CmId, cs: Side, s: CmId) -> Pair {
+        let ss = side(&s);
+        s.accept(None).unwrap();
+        drop(expect(&chs, EventType::Established));
+        drop(expect(&chc, EventType::Established));
+        Pair {
+            chc,
+            chs,
+            l,
+            c,
+            cs,
+            s,
+            ss,
+        }
+    }
+
     /// Client disconnects; both sides see DISCONNECTED; everything is destroyed.
     fn close(self) {
         self.c.disconnect().unwrap();
@@ -416,20 +434,7 @@ fn a_listener_that_appears_during_the_retries_gets_the_request() {
     assert_eq!(req.param.private_data, b"late");
     let s = req.id.clone();
     drop(req);
-    let ss = side(&s);
-    s.accept(None).unwrap();
-    drop(expect(&chs, EventType::Established));
-    drop(expect(&chc, EventType::Established));
-    Pair {
-        chc,
-        chs,
-        l,
-        c,
-        cs,
-        s,
-        ss,
-    }
-    .close();
+    Pair::accept(chc, chs, l, c, cs, s).close();
 }
 
 #[test]
@@ -1314,20 +1319,7 @@ fn child_r5_first_capable() {
     let s = req.id.clone();
     drop(req);
     assert_eq!(s.device().unwrap().name, "siw_other");
-    let ss = side(&s);
-    s.accept(None).unwrap();
-    drop(expect(&chs, EventType::Established));
-    drop(expect(&chc, EventType::Established));
-    Pair {
-        chc,
-        chs,
-        l,
-        c,
-        cs,
-        s,
-        ss,
-    }
-    .close();
+    Pair::accept(chc, chs, l, c, cs, s).close();
 }
 
 #[test]
