@@ -5,12 +5,13 @@ use super::{ConnEvent, ConnectParams, EventSink};
 use crate::engine::{Engine, EngineConfig, Phase as EnginePhase};
 use crate::handshake::{self, MpaParams, ReplyOutcome};
 use socket2::{Domain, Protocol, Socket, Type};
+use softrdma_verbs::memory::socket_io::{recv_scatter, send_gather, GatherError};
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
 use softrdma_verbs::qp::QpInner;
 use softrdma_verbs::{bail, Errno, Error, Qp, QpDriver, QpState, Result};
 use std::io::{ErrorKind, Read};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
@@ -309,7 +310,9 @@ impl TcpConn {
     }
 
     /// Closes the socket and leaves the reactor. Emits `ev` if given.
+    /// The stream is reset (RST, no FIN) when the engine can no longer frame it.
     pub(crate) fn close(&self, st: &mut ConnState, ev: Option<ConnEvent>) {
+        let reset = matches!(&st.phase, Phase::Established { engine, .. } if engine.wants_reset());
         if let Phase::Established { engine, qp } = &mut st.phase {
             engine.local_error("connection closed");
             qp.detach_driver();
@@ -319,7 +322,12 @@ impl TcpConn {
             super::FINS_HELD.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
         if let Some(sock) = st.sock.take() {
-            let _ = sock.shutdown(std::net::Shutdown::Both);
+            if reset {
+                // SO_LINGER 0: close() sends RST and drops what is unsent.
+                let _ = sock.set_linger(Some(std::time::Duration::ZERO));
+            } else {
+                let _ = sock.shutdown(std::net::Shutdown::Both);
+            }
             if let Some(t) = self.token() {
                 self.reactor.deregister(t, Some(self.fd));
             }
@@ -603,22 +611,30 @@ impl TcpConn {
         if ev.readable || ev.error || ev.kicked {
             let mut budget = RX_BUDGET;
             while budget > 0 && engine.phase() == EnginePhase::Running {
-                let space = engine.rx_space();
-                match (&*sock).read(space) {
+                let got = {
+                    let mut parts = Vec::with_capacity(2);
+                    engine.rx_scatter(&mut parts);
+                    recv_scatter(sock.as_fd(), &mut parts, libc::MSG_DONTWAIT)
+                };
+                match got {
                     Ok(0) => {
                         closed = Some("the peer closed the connection".into());
                         break;
                     }
                     Ok(n) => {
-                        engine.rx_commit(n);
+                        engine.rx_received(n);
                         budget = budget.saturating_sub(n);
                         let now = Instant::now();
                         *last_rx = Some(now);
                         super::note_rx(now);
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => {
+                    Err(GatherError::Revoked { .. }) => engine.rx_direct_lost("its memory region was deregistered"),
+                    Err(GatherError::Io(e)) if e.raw_os_error() == Some(libc::EFAULT) => {
+                        engine.rx_direct_lost("its pages are no longer mapped writable")
+                    }
+                    Err(GatherError::Io(e)) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(GatherError::Io(e)) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(GatherError::Io(e)) => {
                         closed = Some(format!("connection lost: {e}"));
                         break;
                     }
@@ -662,23 +678,38 @@ impl TcpConn {
         if !blocked {
             loop {
                 engine.fill_tx();
-                let pending = engine.tx_pending();
-                if pending.is_empty() {
-                    break;
-                }
-                match super::send_nosignal(sock, pending) {
+                let sent = {
+                    let mut parts = Vec::with_capacity(32);
+                    engine.tx_gather(&mut parts);
+                    if parts.is_empty() {
+                        break;
+                    }
+                    send_gather(sock.as_fd(), &parts, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+                };
+                match sent {
                     Ok(n) => engine.tx_consumed(n),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    Err(GatherError::Revoked { index }) => {
+                        engine.tx_memory_lost(index, "its memory region was deregistered")
+                    }
+                    Err(GatherError::Io(e)) if e.raw_os_error() == Some(libc::EFAULT) => {
+                        engine.tx_memory_lost(0, "its pages are no longer mapped readable")
+                    }
+                    Err(GatherError::Io(e)) if e.kind() == ErrorKind::WouldBlock => {
                         blocked = true;
                         break;
                     }
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => {
+                    Err(GatherError::Io(e)) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(GatherError::Io(e)) => {
                         closed.get_or_insert(format!("send failed: {e}"));
                         break;
                     }
                 }
             }
+        }
+        if engine.wants_reset() {
+            let why = engine.close_reason.clone().unwrap_or_default();
+            tracing::warn!(peer = %self.peer, %why, "resetting the iWARP connection");
+            return self.close(st, Some(ConnEvent::Disconnected { reason: why }));
         }
         let engine_done = engine.phase() != EnginePhase::Running && !engine.wants_tx();
         if let Some(reason) = closed {

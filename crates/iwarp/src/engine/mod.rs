@@ -1,7 +1,9 @@
 //! The soft-iWARP protocol engine for one connected QP, sans-I/O.
 //!
-//! Bytes from the TCP stream go in ([`Engine::rx_space`] + [`Engine::rx_commit`]); bytes to
-//! send come out ([`Engine::fill_tx`], [`Engine::tx_pending`], [`Engine::tx_consumed`]).
+//! Bytes from the TCP stream go in ([`Engine::rx_scatter`] + [`Engine::rx_received`]: the
+//! receive buffer, and without CRC a large WRITE's payload straight into its MR); bytes to
+//! send come out ([`Engine::fill_tx`], [`Engine::tx_gather`], [`Engine::tx_consumed`]): the
+//! engine's own bytes and, without CRC, ranges of registered memory sent from the MR.
 //! The engine reads the QP's send and receive queues, places data into registered memory
 //! after checking keys, PD, rights and bounds, and reports completions. It never touches a
 //! socket, a clock or a thread, so every case runs in a unit test with two engines wired
@@ -17,13 +19,17 @@
 
 mod inflight;
 mod rx;
+mod rx_direct;
 mod term;
 mod tx;
+mod tx_queue;
 
 #[cfg(test)]
 mod plain_host_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod zero_copy_tests;
 
 use inflight::Inflight;
 use softrdma_verbs::mr::MrInner;
@@ -177,10 +183,9 @@ pub struct Engine {
     cfg: EngineConfig,
     phase: Phase,
     // transmit
-    tx: Vec<u8>,
-    tx_off: usize,
-    /// Stream offset of `tx[0]` (bytes handed to the socket before it).
-    tx_base: u64,
+    txq: tx_queue::TxQueue,
+    /// The stream broke mid-FPDU (see [`Engine::wants_reset`]).
+    reset: bool,
     /// FPDUs may be produced (see [`Engine::release_tx`]).
     tx_enabled: bool,
     /// Responder in peer-to-peer mode: nothing is sent before the initiator's first FPDU.
@@ -200,6 +205,10 @@ pub struct Engine {
     recv_msn: u32,
     rreq_msn_expected: u32,
     cur_recv: Option<RecvInProgress>,
+    /// A WRITE payload being received straight into its MR.
+    direct: Option<rx_direct::Direct>,
+    /// Bytes after a directly placed payload (its pad and CRC field) still to skip.
+    rx_skip: usize,
     /// Human-readable reason the engine stopped, if it did.
     pub close_reason: Option<String>,
     /// Counters.
@@ -213,9 +222,8 @@ impl Engine {
         Engine {
             qp,
             phase: Phase::Running,
-            tx: Vec::with_capacity(TX_HIGH_WATER + 2 * MAX_SEGMENT_PAYLOAD),
-            tx_off: 0,
-            tx_base: 0,
+            txq: tx_queue::TxQueue::with_capacity(TX_HIGH_WATER + 2 * MAX_SEGMENT_PAYLOAD),
+            reset: false,
             // Held until `release_tx` (the driver's timing, see `crate::handshake`) or the
             // peer's first FPDU, on both sides.
             tx_enabled: false,
@@ -233,6 +241,8 @@ impl Engine {
             recv_msn: 1,
             rreq_msn_expected: 1,
             cur_recv: None,
+            direct: None,
+            rx_skip: 0,
             close_reason: None,
             stats: Stats::default(),
             cfg,
@@ -280,7 +290,7 @@ impl Engine {
 
     /// Bytes handed to the socket so far (a stream offset).
     pub fn tx_written(&self) -> u64 {
-        self.tx_base + self.tx_off as u64
+        self.txq.written()
     }
 
     /// The TCP stream ended or broke: flush everything with WR_FLUSH_ERR.
@@ -316,6 +326,7 @@ impl Engine {
         if let Some(r) = self.cur_recv.take() {
             recvs_all.push(r.wqe);
         }
+        self.direct = None;
         recvs_all.extend(recvs);
         qp.flush(sends, recvs_all);
         if self.close_reason.is_none() {

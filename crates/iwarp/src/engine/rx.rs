@@ -30,24 +30,34 @@ fn scatter(pieces: &[Piece], mut at: usize, mut data: &[u8]) -> bool {
 }
 
 impl Engine {
-    /// Free space to read socket bytes into (at least 64 KiB).
+    /// Free space to read socket bytes into (at least 64 KiB). (A driver that reads into it
+    /// alone forgoes direct placement: see [`Engine::rx_scatter`].)
     pub fn rx_space(&mut self) -> &mut [u8] {
+        self.grow_rx();
+        &mut self.rx[self.rx_len..]
+    }
+
+    /// Makes at least 64 KiB of the receive buffer free.
+    pub(super) fn grow_rx(&mut self) {
         if self.rx.len() - self.rx_len < 64 * 1024 {
             let grow = (self.rx.len() * 2).max(self.rx_len + 64 * 1024);
             self.rx.resize(grow, 0);
         }
-        &mut self.rx[self.rx_len..]
     }
 
     /// `n` bytes were read into [`Engine::rx_space`]: process every complete FPDU.
     pub fn rx_commit(&mut self, n: usize) {
         self.stats.rx_bytes += n as u64;
         self.rx_len = (self.rx_len + n).min(self.rx.len());
-        let mut pos = 0;
-        while self.phase == Phase::Running {
+        let pos = self.direct_from_buffer(0);
+        let mut pos = self.skip_trailer(pos);
+        while self.phase == Phase::Running && self.direct.is_none() {
             let buf = &self.rx[pos..self.rx_len];
             match parse_fpdu(buf, self.cfg.crc) {
-                Ok(None) => break,
+                Ok(None) => {
+                    pos = self.try_direct(pos);
+                    break;
+                }
                 Ok(Some(f)) => {
                     let (start, len, wire) = (pos + 2, f.ulpdu.len(), f.wire_len);
                     // Take the ULPDU out of the buffer borrow for the handler.

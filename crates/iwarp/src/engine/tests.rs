@@ -110,7 +110,7 @@ fn transfer(x: &mut Side, y: &mut Side) -> usize {
 /// pair would. Returns bytes moved.
 pub(super) fn stream(x: &mut Engine, y: &mut Engine) -> usize {
     x.fill_tx();
-    let out = x.tx_pending().to_vec();
+    let out = x.tx_bytes();
     let mut off = 0;
     while off < out.len() {
         let space = y.rx_space();
@@ -447,7 +447,7 @@ fn corrupted_crc_terminates_and_flushes() {
     b.qp.post_recv_one(3, dst.sge(0, 16)).unwrap();
     a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
     a.engine.fill_tx();
-    let mut out = a.engine.tx_pending().to_vec();
+    let mut out = a.engine.tx_bytes();
     let n = out.len();
     out[n - 10] ^= 0xff;
     b.engine.rx_space()[..n].copy_from_slice(&out);
@@ -510,7 +510,8 @@ fn posting_in_wrong_state_is_einval() {
 
 /// The one Terminate an engine has queued.
 fn queued_terminate(e: &Engine) -> softrdma_wire::Terminate {
-    let out = e.tx_pending();
+    let owned = e.tx_bytes();
+    let out = &owned[..];
     let f = softrdma_wire::parse_fpdu(out, true).unwrap().expect("one whole FPDU");
     assert_eq!(f.wire_len, out.len(), "only the Terminate is queued");
     let (h, n) = softrdma_wire::SegmentHeader::parse(f.ulpdu).unwrap();
@@ -584,7 +585,7 @@ fn opcodes(bytes: &[u8]) -> Vec<softrdma_wire::Opcode> {
 /// Like [`transfer`], recording what `x` sent.
 fn transfer_logged(x: &mut Side, y: &mut Side, log: &mut Vec<u8>) -> usize {
     x.engine.fill_tx();
-    log.extend_from_slice(x.engine.tx_pending());
+    log.extend_from_slice(&x.engine.tx_bytes());
     transfer(x, y)
 }
 
@@ -627,7 +628,7 @@ fn a_send_completes_when_the_socket_took_its_bytes_before_any_reply() {
     let src = a.pd.alloc_mr(200_000, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send_one(SendWr::send(1, vec![src.sge(0, 200_000)])).unwrap();
     a.engine.fill_tx();
-    let n = a.engine.tx_pending().len();
+    let n = a.engine.tx_queued();
     assert!(n > 200_000);
     assert!(polls(&a.cq).is_empty(), "completed before the socket took it");
     a.engine.tx_consumed(n - 1);
@@ -638,7 +639,7 @@ fn a_send_completes_when_the_socket_took_its_bytes_before_any_reply() {
     // Nothing was ever delivered to the peer, and nothing else went out.
     assert_eq!(b.engine.stats.rx_fpdus, 0);
     a.engine.fill_tx();
-    assert!(a.engine.tx_pending().is_empty());
+    assert!(a.engine.tx_queued() == 0);
     assert_eq!(a.qp.state(), QpState::Rts);
 }
 
@@ -655,8 +656,8 @@ fn completions_stay_in_posting_order_behind_a_read() {
     ])
     .unwrap();
     a.engine.fill_tx();
-    let n = a.engine.tx_pending().len();
-    let bytes = a.engine.tx_pending().to_vec();
+    let n = a.engine.tx_queued();
+    let bytes = a.engine.tx_bytes();
     a.engine.tx_consumed(n);
     assert!(
         polls(&a.cq).is_empty(),
@@ -705,7 +706,7 @@ fn non_p2p_responder_sends_first_once_released() {
     // Held until the driver's grace after the Reply ...
     assert!(b.engine.tx_release_pending());
     b.engine.fill_tx();
-    assert!(b.engine.tx_pending().is_empty());
+    assert!(b.engine.tx_queued() == 0);
     // ... then sent with nothing received from the initiator.
     b.engine.release_tx();
     assert!(transfer(&mut b, &mut a) > 0);
@@ -740,7 +741,7 @@ fn non_p2p_initiator_holds_its_first_fpdu_until_released_or_answered() {
         // Held: a Linux siw responder may not read its socket yet (handshake docs).
         assert!(a.engine.tx_release_pending());
         a.engine.fill_tx();
-        assert!(a.engine.tx_pending().is_empty(), "sent inside the accept window");
+        assert!(a.engine.tx_queued() == 0, "sent inside the accept window");
         if answered {
             // The responder's first FPDU shows its receive path is up: no wait is needed.
             let bsrc = b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
@@ -773,11 +774,11 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
         assert!(!b.engine.tx_release_pending());
         b.engine.release_tx();
         b.engine.fill_tx();
-        assert!(b.engine.tx_pending().is_empty(), "{rtr:?}: sent before the RTR");
+        assert!(b.engine.tx_queued() == 0, "{rtr:?}: sent before the RTR");
         // The initiator's RTR is held until its driver releases it, then is its first FPDU.
         assert!(a.engine.tx_release_pending());
         a.engine.fill_tx();
-        assert!(a.engine.tx_pending().is_empty());
+        assert!(a.engine.tx_queued() == 0);
         a.engine.release_tx();
         let mut log = Vec::new();
         transfer_logged(&mut a, &mut b, &mut log);
@@ -807,7 +808,7 @@ fn a_linux_siw_terminate_fails_the_read_it_names() {
     let read = SendWr::read(7, vec![sink.sge(0, 4096)], 0x1000, 0xffff_fe42);
     a.qp.post_send(&[read, SendWr::send(8, vec![])]).unwrap();
     a.engine.fill_tx();
-    let sent = a.engine.tx_pending().len();
+    let sent = a.engine.tx_queued();
     a.engine.tx_consumed(sent);
     let siw_terminate = "1000070000004141000000000000000100001000000000003758790000005\
                          5bfbae2610000001000fffffe420000000000001000";

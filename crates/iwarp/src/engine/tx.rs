@@ -1,73 +1,133 @@
 //! Transmit: send queue → DDP segments in FPDUs.
 
 use super::inflight::Kind;
+use super::tx_queue::{TxQueue, ZERO_COPY_MIN};
 use super::{
     Engine, OrqEntry, Payload, Phase, Piece, ReadResp, Rtr, TxHeader, TxMsg, MAX_SEGMENT_PAYLOAD, TX_HIGH_WATER,
 };
+use softrdma_verbs::memory::socket_io::Gather;
+use softrdma_verbs::mr::MrInner;
 use softrdma_verbs::qp::SendWqe;
 use softrdma_verbs::{SendFlags, WcOpcode, WcStatus, WrOpcode};
 use softrdma_wire::{crc32c, fpdu_pad_len, DdpHeader, Opcode, ReadRequest, SegmentHeader, QN_READ_REQUEST, QN_SEND};
+use std::sync::Arc;
 
 impl Engine {
-    /// Bytes ready for the socket.
-    pub fn tx_pending(&self) -> &[u8] {
-        &self.tx[self.tx_off..]
+    /// The next bytes for the socket, as parts for one gathered send
+    /// ([`softrdma_verbs::memory::socket_io::send_gather`]); empty when nothing is queued.
+    pub fn tx_gather<'a>(&'a self, out: &mut Vec<Gather<'a>>) {
+        self.txq.gather(out);
+    }
+
+    /// Bytes queued for the socket.
+    pub fn tx_queued(&self) -> usize {
+        self.txq.len()
+    }
+
+    /// Every byte queued for the socket, copied (tests wire engines back to back).
+    #[cfg(test)]
+    pub(crate) fn tx_bytes(&self) -> Vec<u8> {
+        self.txq.to_vec()
     }
 
     /// The socket took `n` bytes. SENDs and WRITEs whose last byte is now taken complete
     /// (in posting order, behind any READ still waiting for its response).
     pub fn tx_consumed(&mut self, n: usize) {
         self.stats.tx_bytes += n as u64;
-        self.tx_off = (self.tx_off + n).min(self.tx.len());
-        if self.tx_off == self.tx.len() {
-            self.tx_base += self.tx.len() as u64;
-            self.tx.clear();
-            self.tx_off = 0;
-        }
-        if self.phase == Phase::Running && self.inflight.written_through(self.tx_written()) {
+        self.txq.consumed(n);
+        if self.phase == Phase::Running && self.inflight.written_through(self.txq.written()) {
             let qp = self.qp.clone();
             self.inflight.release(&*qp);
         }
     }
 
-    /// True if more could be produced right now (used to decide on re-polling).
+    /// True while bytes wait for the socket.
     pub fn wants_tx(&self) -> bool {
-        self.tx_off < self.tx.len()
+        !self.txq.is_empty()
+    }
+
+    /// True once the stream can no longer be framed (part of an FPDU went out and the rest
+    /// cannot follow): the driver resets the connection instead of closing it.
+    pub fn wants_reset(&self) -> bool {
+        self.reset
+    }
+
+    /// The driver could not send registered memory the queue names: part `index` of the last
+    /// [`Engine::tx_gather`] was deregistered, or (EFAULT, `index` 0) its pages were no longer
+    /// readable. `cause` says which. If nothing of that part's FPDU went out, the FPDU and
+    /// everything after it are dropped and the message fails as if its memory had been gone
+    /// when it was segmented; otherwise the stream is broken and the connection is reset.
+    pub fn tx_memory_lost(&mut self, index: usize, cause: &str) {
+        let lost = self.txq.mem_part(index);
+        let why = format!(
+            "QP {}: the memory of a message being sent became inaccessible ({cause})",
+            self.qp.qpn()
+        );
+        match lost {
+            Some(l) if l.fpdu >= self.txq.written() => {
+                self.txq.truncate_at(l.fpdu);
+                self.memory_gone(l.msg, why);
+            }
+            _ => {
+                self.txq.clear();
+                self.reset = true;
+                let why = format!("{why}; part of its FPDU had been sent, so the connection is reset");
+                tracing::warn!(qpn = self.qp.qpn(), %why, "local protection error");
+                let target = lost.and_then(|l| l.msg);
+                let status = if target.is_some() {
+                    WcStatus::LocProtErr
+                } else {
+                    WcStatus::WrFlushErr
+                };
+                self.fail_all(target, status, 0, why);
+            }
+        }
     }
 
     /// Appends one FPDU carrying `hdr` and `payload_len` bytes produced by `fill`.
     pub(crate) fn emit_segment(&mut self, hdr: &SegmentHeader, payload_len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
-        self.try_emit_segment(hdr, payload_len, |out| {
-            fill(out);
+        self.try_emit_segment(hdr, payload_len, None, |out| {
+            out.own(fill);
             true
         });
     }
 
     /// [`Engine::emit_segment`] with a `fill` that can fail (registered memory that became
-    /// inaccessible): then nothing is appended and it returns false.
+    /// inaccessible): then nothing is appended and it returns false. `msg` is the in-flight
+    /// entry of the message the payload belongs to.
     fn try_emit_segment(
         &mut self,
         hdr: &SegmentHeader,
         payload_len: usize,
-        fill: impl FnOnce(&mut Vec<u8>) -> bool,
+        msg: Option<u64>,
+        fill: impl FnOnce(&mut SegmentPayload<'_>) -> bool,
     ) -> bool {
-        let start = self.tx.len();
-        self.tx.extend_from_slice(&[0, 0]);
+        let mark = self.txq.mark();
+        let fpdu = self.txq.end();
         let mut h = [0u8; 18];
         let hlen = hdr.write_to(&mut h);
-        self.tx.extend_from_slice(&h[..hlen]);
-        let before = self.tx.len();
-        if !fill(&mut self.tx) {
-            self.tx.truncate(start);
+        let ulpdu_len = hlen + payload_len;
+        self.txq.push_bytes(&(ulpdu_len as u16).to_be_bytes());
+        self.txq.push_bytes(&h[..hlen]);
+        let mut payload = SegmentPayload {
+            q: &mut self.txq,
+            zero_copy: !self.cfg.crc,
+            fpdu,
+            msg,
+        };
+        if !fill(&mut payload) {
+            self.txq.rollback(mark);
             return false;
         }
-        debug_assert_eq!(self.tx.len() - before, payload_len);
-        let ulpdu_len = self.tx.len() - start - 2;
-        self.tx[start..start + 2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
-        let pad = fpdu_pad_len(ulpdu_len);
-        self.tx.extend(std::iter::repeat_n(0u8, pad));
-        let crc = if self.cfg.crc { crc32c(&self.tx[start..]) } else { 0 };
-        self.tx.extend_from_slice(&crc.to_le_bytes());
+        debug_assert_eq!(self.txq.end() - fpdu, (2 + ulpdu_len) as u64);
+        self.txq.push_bytes(&[0u8; 3][..fpdu_pad_len(ulpdu_len)]);
+        // With CRC nothing is sent from an MR: every byte of the FPDU is in the own buffer.
+        let crc = if self.cfg.crc {
+            crc32c(self.txq.own_since(mark))
+        } else {
+            0
+        };
+        self.txq.push_bytes(&crc.to_le_bytes());
         self.stats.tx_fpdus += 1;
         true
     }
@@ -87,7 +147,7 @@ impl Engine {
         if let Some(rtr) = self.rtr_pending.take() {
             self.send_rtr(rtr);
         }
-        while self.tx.len() - self.tx_off < TX_HIGH_WATER && self.phase == Phase::Running {
+        while self.txq.len() < TX_HIGH_WATER && self.phase == Phase::Running {
             if self.cur.is_some() {
                 self.continue_message();
                 continue;
@@ -329,14 +389,14 @@ impl Engine {
         let hdr = SegmentHeader { last, opcode, ddp };
         let from = msg.sent;
         let payload = &msg.payload;
-        if !self.try_emit_segment(&hdr, chunk, |out| gather(payload, from, chunk, out)) {
+        if !self.try_emit_segment(&hdr, chunk, msg.seq, |out| gather(payload, from, chunk, out)) {
             return self.source_memory_gone(msg);
         }
         msg.sent += chunk;
         if !last {
             self.cur = Some(msg);
         } else if let Some(seq) = msg.seq {
-            let end = self.tx_base + self.tx.len() as u64;
+            let end = self.txq.end();
             self.inflight.set_end(seq, end);
         }
     }
@@ -344,9 +404,7 @@ impl Engine {
 
 impl Engine {
     /// The memory a message was being sent from is no longer accessible (its MR was
-    /// deregistered, or the application unmapped it): a SEND or WRITE fails with
-    /// LOC_PROT_ERR and the QP goes to ERR; a READ response ends in a Terminate (the peer's
-    /// READ fails with a remote access error), as if the STag had been invalid from the start.
+    /// deregistered, or the application unmapped it) while it was segmented.
     fn source_memory_gone(&mut self, msg: TxMsg) {
         let why = format!(
             "QP {}: the memory of a message being sent became inaccessible after {} of {} bytes",
@@ -354,7 +412,15 @@ impl Engine {
             msg.sent,
             msg.total
         );
-        match msg.seq {
+        self.memory_gone(msg.seq, why);
+    }
+
+    /// A SEND or WRITE (in-flight entry `msg`) fails with LOC_PROT_ERR and the QP goes to
+    /// ERR; a READ response (`msg` none) ends in a Terminate (the peer's READ fails with a
+    /// remote access error), as if the STag had been invalid from the start. The stream is
+    /// framed: whatever of the message was queued has been dropped.
+    fn memory_gone(&mut self, msg: Option<u64>, why: String) {
+        match msg {
             Some(seq) => {
                 tracing::warn!(qpn = self.qp.qpn(), %why, "local protection error");
                 self.fail_all(Some(seq), WcStatus::LocProtErr, 0, why);
@@ -368,12 +434,43 @@ impl Engine {
     }
 }
 
+/// The payload of one FPDU being built: copied into the queue, or (without CRC, for slices of
+/// at least [`ZERO_COPY_MIN`] bytes) left in the MR to be sent from there.
+pub(crate) struct SegmentPayload<'a> {
+    q: &'a mut TxQueue,
+    zero_copy: bool,
+    fpdu: u64,
+    msg: Option<u64>,
+}
+
+impl SegmentPayload<'_> {
+    /// Appends bytes the engine produces.
+    fn own(&mut self, fill: impl FnOnce(&mut Vec<u8>)) {
+        self.q.push_with(|out| {
+            fill(out);
+            true
+        });
+    }
+
+    /// Appends `len` bytes of `mr` at region offset `off`; false if the memory is gone.
+    fn region(&mut self, mr: &Arc<MrInner>, off: usize, len: usize) -> bool {
+        if self.zero_copy && len >= ZERO_COPY_MIN {
+            if mr.region.is_revoked() {
+                return false;
+            }
+            self.q.push_mem(mr.clone(), off, len, self.fpdu, self.msg);
+            return true;
+        }
+        self.q.push_with(|out| mr.region.append_to(off, len, out))
+    }
+}
+
 /// Appends `len` bytes of `payload` starting at byte `from`; false (with a prefix possibly
 /// appended) if registered memory could not be read.
-fn gather(payload: &Payload, mut from: usize, mut len: usize, out: &mut Vec<u8>) -> bool {
+fn gather(payload: &Payload, mut from: usize, mut len: usize, out: &mut SegmentPayload<'_>) -> bool {
     match payload {
         Payload::Inline(d) => {
-            out.extend_from_slice(&d[from..from + len]);
+            out.own(|o| o.extend_from_slice(&d[from..from + len]));
             true
         }
         Payload::Pieces(pieces) => {
@@ -388,7 +485,7 @@ fn gather(payload: &Payload, mut from: usize, mut len: usize, out: &mut Vec<u8>)
                 let take = (p.len - from).min(len);
                 // Bounds were checked when the WR was resolved: a false return means the
                 // region was revoked (deregistered) or its memory faulted.
-                if !p.mr.region.append_to(p.off + from, take, out) {
+                if !out.region(&p.mr, p.off + from, take) {
                     return false;
                 }
                 len -= take;

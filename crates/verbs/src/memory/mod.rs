@@ -10,6 +10,10 @@
 //!   completes with an error.
 //! - **Guarded copies** (`guarded_copy.rs`): a fault in the copy (the application unmapped or
 //!   protected the buffer without deregistering it) is a failed access, never a signal.
+//! - **Socket I/O straight from and into the region** ([`socket_io`]): `sendmsg` over the
+//!   caller's headers and leased ranges of registered memory, `recvmsg` into a leased range,
+//!   so the kernel's copy is the only one; an unreadable or unwritable page is EFAULT from the
+//!   kernel's own fault-checked copy.
 //! - **Checked ranges** ([`mapping`]): registration refuses a range that is not mapped with
 //!   the protections its access flags need, as the kernel's pinning does.
 //!
@@ -18,6 +22,7 @@
 
 mod guarded_copy;
 pub mod mapping;
+pub mod socket_io;
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};

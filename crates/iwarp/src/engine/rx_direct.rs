@@ -1,0 +1,169 @@
+//! Direct placement: without MPA CRC, the payload of a large tagged RDMA WRITE goes from the
+//! socket straight into the target MR, as siw places received payload.
+//!
+//! When the buffered bytes end inside such an FPDU and its header has arrived, the engine
+//! checks the STag for the whole payload (the check the complete FPDU would get), places the
+//! payload bytes already buffered, and offers the rest of the payload as the first part of the
+//! next receive ([`Engine::rx_scatter`], then [`Engine::rx_received`]). The pad and CRC field
+//! after it are skipped when they arrive. Anything else (a failed check, CRC on, a payload
+//! under [`DIRECT_MIN`]) waits in the buffer for the whole FPDU as before, so every error is
+//! found and reported as before. A target that became inaccessible while the payload arrives
+//! (deregistered, or unmapped: EFAULT, with the stream left unread) ends in the Terminate a
+//! buffered WRITE would get.
+
+use super::term::tagged_error;
+use super::{Engine, Phase};
+use softrdma_verbs::memory::socket_io::Scatter;
+use softrdma_verbs::mr::{KeyError, MrInner};
+use softrdma_verbs::Access;
+use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN};
+use std::sync::Arc;
+
+/// Smallest WRITE payload placed directly (below it, one copy costs less than the extra
+/// receive call the split makes).
+pub(crate) const DIRECT_MIN: usize = 16 * 1024;
+
+/// A WRITE payload being received into its MR.
+#[derive(Debug)]
+pub(crate) struct Direct {
+    mr: Arc<MrInner>,
+    /// Region offset of the next payload byte.
+    off: usize,
+    /// Payload bytes still to come.
+    left: usize,
+    /// Pad and CRC field after the payload.
+    trailer: usize,
+    /// The segment's DDP and RDMAP header (a Terminate echoes it).
+    header: Vec<u8>,
+    stag: u32,
+    to: u64,
+    len: usize,
+}
+
+impl Engine {
+    /// Where the next socket bytes go: the receive buffer (at least 64 KiB); or, while a WRITE
+    /// payload is placed directly, the rest of it in its MR, then only its pad and CRC field
+    /// and the next FPDU's header in the buffer. A stream of large WRITEs then takes one
+    /// receive call per FPDU and no copy: each call ends where the next payload starts.
+    pub fn rx_scatter<'a>(&'a mut self, out: &mut Vec<Scatter<'a>>) {
+        self.grow_rx();
+        let Engine { direct, rx, rx_len, .. } = self;
+        let mut end = rx.len();
+        if let Some(d) = direct {
+            out.push(Scatter::Region {
+                region: &d.mr.region,
+                offset: d.off,
+                len: d.left,
+            });
+            end = end.min(*rx_len + d.trailer + 2 + DDP_TAGGED_HDR_LEN);
+        }
+        out.push(Scatter::Bytes(&mut rx[*rx_len..end]));
+    }
+
+    /// `n` bytes arrived through [`Engine::rx_scatter`]: the direct part first, then the buffer.
+    pub fn rx_received(&mut self, n: usize) {
+        let direct = self.direct.as_ref().map_or(0, |d| d.left.min(n));
+        if direct > 0 {
+            self.stats.rx_bytes += direct as u64;
+            self.direct_placed(direct);
+        }
+        if n > direct {
+            self.rx_commit(n - direct);
+        }
+    }
+
+    /// The MR part of [`Engine::rx_scatter`] could not be written (`cause`): the WRITE ends in
+    /// the Terminate a buffered one would get.
+    pub fn rx_direct_lost(&mut self, cause: &str) {
+        let Some(d) = self.direct.take() else { return };
+        let why = format!(
+            "RDMA WRITE to STag {:#x} TO {:#x} len {}: the MR's memory is no longer accessible ({cause})",
+            d.stag, d.to, d.len
+        );
+        self.send_terminate(tagged_error(KeyError::InvalidKey), Some(&d.header), why);
+    }
+
+    /// `n` more payload bytes are in the MR.
+    fn direct_placed(&mut self, n: usize) {
+        let Some(d) = self.direct.as_mut() else { return };
+        d.off += n;
+        d.left -= n;
+        self.stats.rx_placed += n as u64;
+        if d.left == 0 {
+            self.rx_skip = d.trailer;
+            self.direct = None;
+            self.stats.rx_fpdus += 1;
+        }
+    }
+
+    /// Buffered bytes from `pos` on that belong to a direct placement still open (a caller
+    /// that read into the buffer only): placed with one copy. Returns the new position.
+    pub(super) fn direct_from_buffer(&mut self, pos: usize) -> usize {
+        let Some(d) = &self.direct else { return pos };
+        let take = d.left.min(self.rx_len - pos);
+        if !d.mr.region.write(d.off, &self.rx[pos..pos + take]) {
+            self.rx_direct_lost("a copy into it failed");
+            return self.rx_len;
+        }
+        self.direct_placed(take);
+        pos + take
+    }
+
+    /// The pad and CRC field of a directly placed FPDU, from `pos` on. Returns the new position.
+    pub(super) fn skip_trailer(&mut self, pos: usize) -> usize {
+        let skip = self.rx_skip.min(self.rx_len - pos);
+        self.rx_skip -= skip;
+        pos + skip
+    }
+
+    /// The buffer from `pos` holds the start of an FPDU, not all of it: if it is a large RDMA
+    /// WRITE that passes its checks, start placing it directly. Returns the new position.
+    pub(super) fn try_direct(&mut self, pos: usize) -> usize {
+        if self.cfg.crc || self.phase != Phase::Running || self.direct.is_some() || self.rx_skip > 0 {
+            return pos;
+        }
+        let buf = &self.rx[pos..self.rx_len];
+        let Some((len, rest)) = buf.split_first_chunk::<2>() else {
+            return pos;
+        };
+        let ulpdu_len = usize::from(u16::from_be_bytes(*len));
+        let Ok((h, hlen)) = SegmentHeader::parse(rest) else {
+            return pos;
+        };
+        let (Opcode::RdmaWrite, DdpHeader::Tagged { stag, to }) = (h.opcode, h.ddp) else {
+            return pos;
+        };
+        let Some(payload_len) = ulpdu_len.checked_sub(hlen) else {
+            return pos;
+        };
+        let have = rest.len() - hlen;
+        if payload_len < DIRECT_MIN || have >= payload_len {
+            return pos;
+        }
+        if !self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE) {
+            return pos;
+        }
+        let Ok((mr, off)) = self.qp.check_remote(stag, to, payload_len as u64, Access::REMOTE_WRITE) else {
+            return pos;
+        };
+        if !mr.region.write(off, &rest[hlen..]) {
+            return pos;
+        }
+        let header = rest[..hlen].to_vec();
+        // As for every FPDU received (see `on_ulpdu`): the peer has started sending.
+        self.tx_enabled = true;
+        self.await_rtr = false;
+        self.stats.rx_placed += have as u64;
+        self.direct = Some(Direct {
+            mr,
+            off: off + have,
+            left: payload_len - have,
+            trailer: fpdu_wire_len(ulpdu_len) - 2 - ulpdu_len,
+            header,
+            stag,
+            to,
+            len: payload_len,
+        });
+        self.rx_len
+    }
+}

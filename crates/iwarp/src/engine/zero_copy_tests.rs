@@ -1,0 +1,393 @@
+//! Without MPA CRC, payloads go to the socket straight from the MR ([`super::tx_queue`]). These
+//! engines run on [`PlainQp`] hosts; `drive` does what the driver does with
+//! `send_gather`: a revoked region part sends nothing and is reported by its index.
+
+use super::{Engine, EngineConfig};
+use softrdma_verbs::async_event::AsyncEventKind;
+use softrdma_verbs::memory::socket_io::{Gather, Scatter};
+use softrdma_verbs::mr::MrInner;
+use softrdma_verbs::qp_host::PlainQp;
+use softrdma_verbs::*;
+use std::sync::Arc;
+
+struct Side {
+    qp: Arc<PlainQp>,
+    eng: Engine,
+}
+
+fn side(qpn: u32, initiator: bool) -> Side {
+    let attr = QpAttr {
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ..QpAttr::default()
+    };
+    let qp = PlainQp::new(qpn, QpState::Rts, attr);
+    let cfg = EngineConfig {
+        crc: false,
+        ird: 4,
+        ord: 4,
+        initiator,
+        rtr: None,
+    };
+    let mut eng = Engine::new(qp.clone(), cfg);
+    if initiator {
+        eng.release_tx();
+    }
+    Side { qp, eng }
+}
+
+fn remote() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
+}
+
+fn sge(mr: &MrInner, off: usize, len: u32) -> Sge {
+    Sge {
+        addr: mr.region.addr() + off as u64,
+        length: len,
+        lkey: mr.lkey,
+    }
+}
+
+fn signaled(mut wr: SendWr) -> SendWr {
+    wr.flags = SendFlags::SIGNALED;
+    wr
+}
+
+fn statuses(wcs: Vec<WorkCompletion>) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}
+
+fn deliver(y: &mut Engine, bytes: &[u8]) {
+    let mut off = 0;
+    while off < bytes.len() {
+        let space = y.rx_space();
+        let n = space.len().min(bytes.len() - off);
+        space[..n].copy_from_slice(&bytes[off..off + n]);
+        y.rx_commit(n);
+        off += n;
+    }
+}
+
+/// (own parts, region parts) of what `x` would send now.
+fn part_kinds(x: &Engine) -> (usize, usize) {
+    let mut parts = Vec::new();
+    x.tx_gather(&mut parts);
+    let regions = parts.iter().filter(|p| matches!(p, Gather::Region { .. })).count();
+    (parts.len() - regions, regions)
+}
+
+/// Sends what `x` has into `y` as the driver does; returns the bytes moved.
+fn drive(x: &mut Engine, y: &mut Engine) -> usize {
+    let mut moved = 0;
+    for _ in 0..10_000 {
+        x.fill_tx();
+        let mut bytes = Vec::new();
+        let lost;
+        {
+            let mut parts = Vec::new();
+            x.tx_gather(&mut parts);
+            if parts.is_empty() {
+                break;
+            }
+            lost = parts
+                .iter()
+                .position(|p| matches!(p, Gather::Region { region, .. } if region.is_revoked()));
+            if lost.is_none() {
+                for p in &parts {
+                    match *p {
+                        Gather::Bytes(b) => bytes.extend_from_slice(b),
+                        Gather::Region { region, offset, len } => {
+                            assert!(region.append_to(offset, len, &mut bytes))
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(i) = lost {
+            x.tx_memory_lost(i, "deregistered in the test");
+            continue;
+        }
+        deliver(y, &bytes);
+        x.tx_consumed(bytes.len());
+        moved += bytes.len();
+    }
+    moved
+}
+
+fn pump(a: &mut Side, b: &mut Side) {
+    for _ in 0..1000 {
+        if drive(&mut a.eng, &mut b.eng) + drive(&mut b.eng, &mut a.eng) == 0 {
+            break;
+        }
+    }
+}
+
+#[test]
+fn large_payloads_are_sent_from_the_mr_small_ones_copied_and_all_arrive() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let src = a.qp.register(data.len(), Access::LOCAL_WRITE);
+    assert!(src.region.write(0, &data));
+    let dst = b.qp.register(400_000, remote());
+
+    a.qp.post_send(signaled(SendWr::write(
+        1,
+        vec![sge(&src, 0, 100)],
+        dst.region.addr(),
+        dst.rkey,
+    )));
+    a.eng.fill_tx();
+    assert_eq!(part_kinds(&a.eng), (1, 0), "a 100-byte payload is copied");
+    drive(&mut a.eng, &mut b.eng);
+
+    // Two SGEs, 200,000 bytes in four FPDUs of up to 65,472: the first copies the 1,000-byte
+    // SGE and sends the rest from the MR, the next two are all MR, the last (3,584 bytes, under
+    // the minimum) is copied. Own parts: the framing between them.
+    a.qp.post_send(signaled(SendWr::write(
+        2,
+        vec![sge(&src, 0, 1000), sge(&src, 1000, 199_000)],
+        dst.region.addr() + 200_000,
+        dst.rkey,
+    )));
+    a.eng.fill_tx();
+    assert_eq!(part_kinds(&a.eng), (4, 3));
+    pump(&mut a, &mut b);
+    assert_eq!(
+        statuses(a.qp.take_send_wcs()),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let mut got = vec![0u8; 400_000];
+    assert!(dst.region.read(0, &mut got));
+    assert_eq!(&got[..100], &data[..100]);
+    assert_eq!(&got[200_000..], &data[..]);
+
+    // A Read Response goes from the responder's MR too.
+    let sink = a.qp.register(200_000, Access::LOCAL_WRITE);
+    a.qp.post_send(signaled(SendWr::read(
+        3,
+        vec![sge(&sink, 0, 200_000)],
+        dst.region.addr() + 200_000,
+        dst.rkey,
+    )));
+    drive(&mut a.eng, &mut b.eng);
+    b.eng.fill_tx();
+    assert!(part_kinds(&b.eng).1 > 0, "the Read Response is sent from the MR");
+    pump(&mut a, &mut b);
+    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(3, WcStatus::Success)]);
+    let mut back = vec![0u8; 200_000];
+    assert!(sink.region.read(0, &mut back));
+    assert_eq!(back, data);
+    assert!(!a.eng.wants_reset() && a.qp.events().is_empty());
+}
+
+#[test]
+fn a_region_deregistered_before_its_fpdu_left_fails_its_wr_and_the_stream_stays_framed() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let small = a.qp.register(100, Access::LOCAL_WRITE);
+    assert!(small.region.write(0, &[5; 100]));
+    let big = a.qp.register(100_000, Access::LOCAL_WRITE);
+    let dst = b.qp.register(200_000, remote());
+    a.qp.post_send(signaled(SendWr::write(
+        1,
+        vec![sge(&small, 0, 100)],
+        dst.region.addr(),
+        dst.rkey,
+    )));
+    a.qp.post_send(signaled(SendWr::write(
+        2,
+        vec![sge(&big, 0, 100_000)],
+        dst.region.addr() + 1000,
+        dst.rkey,
+    )));
+    a.eng.fill_tx();
+    // ibv_dereg_mr after the WRITE was segmented, before the socket took its payload.
+    big.region.revoke();
+    pump(&mut a, &mut b);
+    assert_eq!(
+        statuses(a.qp.take_send_wcs()),
+        vec![(1, WcStatus::Success), (2, WcStatus::LocProtErr)]
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(a.qp.events(), vec![AsyncEventKind::QpFatal]);
+    assert!(!a.eng.wants_reset(), "nothing of the failed FPDU was sent");
+    // The peer got the first WRITE whole and no broken FPDU (it would have sent a Terminate).
+    let mut got = vec![0u8; 1000];
+    assert!(dst.region.read(0, &mut got));
+    assert_eq!(&got[..100], &[5; 100][..]);
+    assert_eq!(b.eng.stats.terminates_sent, 0);
+    assert_eq!(b.eng.phase(), super::Phase::Running);
+}
+
+#[test]
+fn a_region_deregistered_after_part_of_its_fpdu_left_resets_the_stream() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let big = a.qp.register(100_000, Access::LOCAL_WRITE);
+    let dst = b.qp.register(100_000, remote());
+    a.qp.post_send(signaled(SendWr::write(
+        7,
+        vec![sge(&big, 0, 100_000)],
+        dst.region.addr(),
+        dst.rkey,
+    )));
+    a.eng.fill_tx();
+    // The socket took the MPA length and part of the DDP header, then the MR went away.
+    let head = a.eng.tx_bytes()[..10].to_vec();
+    deliver(&mut b.eng, &head);
+    a.eng.tx_consumed(10);
+    big.region.revoke();
+    drive(&mut a.eng, &mut b.eng);
+    assert!(a.eng.wants_reset(), "the rest of the FPDU cannot follow");
+    assert_eq!(a.eng.tx_queued(), 0, "nothing more is sent");
+    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(7, WcStatus::LocProtErr)]);
+    assert_eq!(a.qp.state(), QpState::Err);
+    let why = a.eng.close_reason.clone().unwrap_or_default();
+    assert!(why.contains("QP 3") && why.contains("reset"), "{why}");
+}
+
+#[test]
+fn a_read_source_deregistered_before_its_response_left_is_a_terminate() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let sink = a.qp.register(100_000, Access::LOCAL_WRITE);
+    let src = b.qp.register(100_000, remote());
+    a.qp.post_send(signaled(SendWr::read(
+        9,
+        vec![sge(&sink, 0, 100_000)],
+        src.region.addr(),
+        src.rkey,
+    )));
+    drive(&mut a.eng, &mut b.eng);
+    b.eng.fill_tx();
+    assert!(part_kinds(&b.eng).1 > 0);
+    src.region.revoke();
+    pump(&mut a, &mut b);
+    assert_eq!(b.eng.stats.terminates_sent, 1);
+    assert!(!b.eng.wants_reset());
+    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(9, WcStatus::RemAccessErr)]);
+    let mut got = vec![0u8; 100_000];
+    assert!(sink.region.read(0, &mut got));
+    assert!(got.iter().all(|&x| x == 0), "nothing was placed");
+}
+
+/// Hands `bytes` to `y` as `recv_scatter` would, `chunk` bytes per call at most: the open
+/// direct placement's MR range first, then the receive buffer. Returns the calls that wrote
+/// into an MR.
+fn receive(y: &mut Engine, bytes: &[u8], chunk: usize) -> usize {
+    let (mut off, mut direct_calls) = (0, 0);
+    while off < bytes.len() {
+        let mut n = 0;
+        {
+            let mut parts = Vec::new();
+            y.rx_scatter(&mut parts);
+            for p in parts.iter_mut() {
+                let take = (bytes.len() - off - n).min(chunk - n);
+                match p {
+                    Scatter::Region { region, offset, len } => {
+                        let take = take.min(*len);
+                        assert!(region.write(*offset, &bytes[off + n..off + n + take]));
+                        direct_calls += usize::from(take > 0);
+                        n += take;
+                    }
+                    Scatter::Bytes(b) => {
+                        let take = take.min(b.len());
+                        b[..take].copy_from_slice(&bytes[off + n..off + n + take]);
+                        n += take;
+                    }
+                }
+            }
+        }
+        y.rx_received(n);
+        off += n;
+    }
+    direct_calls
+}
+
+/// Sets up a 200,000-byte WRITE from `a` into a fresh MR of `b`; returns the target MR, the
+/// bytes `a` queued, and the data.
+fn queued_write(a: &mut Side, b: &Side, rkey: Option<u32>) -> (Arc<MrInner>, Vec<u8>, Vec<u8>) {
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 31 + 7) as u8).collect();
+    let src = a.qp.register(data.len(), Access::LOCAL_WRITE);
+    assert!(src.region.write(0, &data));
+    let dst = b.qp.register(data.len(), remote());
+    a.qp.post_send(signaled(SendWr::write(
+        1,
+        vec![sge(&src, 0, data.len() as u32)],
+        dst.region.addr(),
+        rkey.unwrap_or(dst.rkey),
+    )));
+    a.eng.fill_tx();
+    let wire = a.eng.tx_bytes();
+    a.eng.tx_consumed(wire.len());
+    (dst, wire, data)
+}
+
+fn region_bytes(mr: &MrInner) -> Vec<u8> {
+    let mut v = vec![0u8; mr.region.len()];
+    assert!(mr.region.read(0, &mut v));
+    v
+}
+
+#[test]
+fn a_large_write_payload_is_received_straight_into_its_mr() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let (dst, wire, data) = queued_write(&mut a, &b, None);
+    // 16 KiB per receive call: each FPDU's header arrives in the buffer, the rest of its
+    // 65,472-byte payload (but the last FPDU's 3,584) goes to the MR directly.
+    let direct_calls = receive(&mut b.eng, &wire, 16 * 1024);
+    assert!(direct_calls >= 9, "{direct_calls} receive calls wrote into the MR");
+    assert_eq!(region_bytes(&dst), data);
+    assert_eq!(b.eng.stats.rx_fpdus, 4);
+    assert_eq!(b.eng.stats.rx_placed, 200_000);
+    assert_eq!(b.eng.stats.terminates_sent, 0);
+    // The stream is still framed: a SEND after it arrives.
+    let rbuf = b.qp.register(64, Access::LOCAL_WRITE);
+    b.qp.post_recv(RecvWr {
+        wr_id: 8,
+        sg_list: vec![sge(&rbuf, 0, 64)],
+    });
+    let small = a.qp.register(5, Access::LOCAL_WRITE);
+    assert!(small.region.write(0, b"after"));
+    a.qp.post_send(signaled(SendWr::send(2, vec![sge(&small, 0, 5)])));
+    a.eng.fill_tx();
+    let more = a.eng.tx_bytes();
+    receive(&mut b.eng, &more, 3);
+    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(8, WcStatus::Success)]);
+    assert_eq!(&region_bytes(&rbuf)[..5], b"after");
+}
+
+#[test]
+fn a_write_that_fails_its_checks_is_buffered_and_terminated_as_before() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let (dst, wire, _) = queued_write(&mut a, &b, Some(0xbad0));
+    let direct_calls = receive(&mut b.eng, &wire, 16 * 1024);
+    assert_eq!(direct_calls, 0);
+    assert_eq!(b.eng.stats.terminates_sent, 1);
+    assert!(region_bytes(&dst).iter().all(|&x| x == 0));
+    let why = b.eng.close_reason.clone().unwrap_or_default();
+    assert!(why.contains("STag 0xbad0"), "{why}");
+}
+
+#[test]
+fn a_direct_target_lost_mid_payload_is_a_terminate_naming_the_write() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let (dst, wire, _) = queued_write(&mut a, &b, None);
+    receive(&mut b.eng, &wire[..1000], 1000);
+    let mut parts = Vec::new();
+    b.eng.rx_scatter(&mut parts);
+    assert!(matches!(parts[0], Scatter::Region { .. }), "placing directly");
+    drop(parts);
+    dst.region.revoke();
+    // What the driver does when recv_scatter answers Revoked (or EFAULT).
+    b.eng.rx_direct_lost("deregistered in the test");
+    assert_eq!(b.eng.stats.terminates_sent, 1);
+    let why = b.eng.close_reason.clone().unwrap_or_default();
+    assert!(
+        why.contains(&format!("STag {:#x}", dst.rkey)) && why.contains("no longer accessible"),
+        "{why}"
+    );
+    let mut parts = Vec::new();
+    b.eng.rx_scatter(&mut parts);
+    assert_eq!(parts.len(), 1, "nothing is received into the MR any more");
+    drop(parts);
+    // The Terminate reaches the writer: its QP fails.
+    drive(&mut b.eng, &mut a.eng);
+    assert_eq!(a.qp.state(), QpState::Err);
+}
