@@ -1,22 +1,25 @@
-//! Direct placement: without MPA CRC, the payload of a large tagged RDMA WRITE goes from the
-//! socket straight into the target MR, as siw places received payload.
+//! Direct placement: without MPA CRC, the payload of a large tagged segment (an RDMA WRITE, or
+//! a Read Response into a READ's sink) goes from the socket straight into the target MR, as
+//! siw places received payload.
 //!
 //! When the buffered bytes end inside such an FPDU and its header has arrived, the engine
-//! checks the STag for the whole payload (the check the complete FPDU would get), places the
+//! makes the checks the complete FPDU would get (a WRITE: the STag over the whole payload; a
+//! Read Response: the oldest READ's next offset, inside one SGE of its sink), places the
 //! payload bytes already buffered, and offers the rest of the payload as the first part of the
 //! next receive ([`Engine::rx_scatter`], then [`Engine::rx_received`]). The pad and CRC field
-//! after it are skipped when they arrive. Anything else (a failed check, CRC on, a payload
-//! under [`DIRECT_MIN`]) waits in the buffer for the whole FPDU as before, so every error is
-//! found and reported as before. A target that became inaccessible while the payload arrives
-//! (deregistered, or unmapped: EFAULT, with the stream left unread) ends in the Terminate a
-//! buffered WRITE would get.
+//! after it are skipped when they arrive; a Read Response's READ completes then if it was the
+//! last segment. Anything else (a failed check, a Read Response spanning two SGEs, CRC on, a
+//! payload under [`DIRECT_MIN`]) waits in the buffer for the whole FPDU as before, so every
+//! error is found and reported as before. A target that became inaccessible while the payload
+//! arrives (deregistered, or unmapped: EFAULT, with the stream left unread) ends in the
+//! Terminate a buffered segment would get.
 
 use super::term::tagged_error;
 use super::{Engine, Phase};
 use softrdma_verbs::memory::socket_io::Scatter;
 use softrdma_verbs::mr::{KeyError, MrInner};
 use softrdma_verbs::Access;
-use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN};
+use softrdma_wire::{fpdu_wire_len, term, DdpHeader, Opcode, SegmentHeader, TermLayer, DDP_TAGGED_HDR_LEN};
 use std::sync::Arc;
 
 /// Smallest WRITE payload placed directly (below it, one copy costs less than the extra
@@ -35,9 +38,22 @@ pub(crate) struct Direct {
     trailer: usize,
     /// The segment's DDP and RDMAP header (a Terminate echoes it).
     header: Vec<u8>,
-    stag: u32,
-    to: u64,
+    /// Payload length.
     len: usize,
+    kind: Kind,
+}
+
+/// What the payload is.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Write {
+        stag: u32,
+        to: u64,
+    },
+    /// For the oldest READ outstanding; `last`: its final segment.
+    ReadResponse {
+        last: bool,
+    },
 }
 
 impl Engine {
@@ -76,11 +92,25 @@ impl Engine {
     /// the Terminate a buffered one would get.
     pub fn rx_direct_lost(&mut self, cause: &str) {
         let Some(d) = self.direct.take() else { return };
-        let why = format!(
-            "RDMA WRITE to STag {:#x} TO {:#x} len {}: the MR's memory is no longer accessible ({cause})",
-            d.stag, d.to, d.len
-        );
-        self.send_terminate(tagged_error(KeyError::InvalidKey), Some(&d.header), why);
+        match d.kind {
+            Kind::Write { stag, to } => {
+                let why = format!(
+                    "RDMA WRITE to STag {stag:#x} TO {to:#x} len {}: the MR's memory is no longer accessible ({cause})",
+                    d.len
+                );
+                self.send_terminate(tagged_error(KeyError::InvalidKey), Some(&d.header), why);
+            }
+            Kind::ReadResponse { .. } => {
+                // As a buffered Read Response into a sink that became inaccessible.
+                let (placed, total) = self.orq.front().map_or((0, 0), |e| (e.placed, e.total));
+                let why = format!("READ sink became inaccessible after {placed} of {total} bytes ({cause})");
+                self.send_terminate(
+                    (TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0),
+                    Some(&d.header),
+                    why,
+                );
+            }
+        }
     }
 
     /// `n` more payload bytes are in the MR.
@@ -89,10 +119,22 @@ impl Engine {
         d.off += n;
         d.left -= n;
         self.stats.rx_placed += n as u64;
-        if d.left == 0 {
-            self.rx_skip = d.trailer;
-            self.direct = None;
-            self.stats.rx_fpdus += 1;
+        if d.left > 0 {
+            return;
+        }
+        self.rx_skip = d.trailer;
+        let (kind, len) = (d.kind, d.len);
+        self.direct = None;
+        self.stats.rx_fpdus += 1;
+        if let Kind::ReadResponse { last } = kind {
+            let Some(entry) = self.orq.front_mut() else { return };
+            entry.placed += len;
+            if last {
+                let seq = entry.seq;
+                self.orq.pop_front();
+                let qp = self.qp.clone();
+                self.inflight.confirm_through(seq, &*qp);
+            }
         }
     }
 
@@ -130,7 +172,7 @@ impl Engine {
         let Ok((h, hlen)) = SegmentHeader::parse(rest) else {
             return pos;
         };
-        let (Opcode::RdmaWrite, DdpHeader::Tagged { stag, to }) = (h.opcode, h.ddp) else {
+        let DdpHeader::Tagged { stag, to } = h.ddp else {
             return pos;
         };
         let Some(payload_len) = ulpdu_len.checked_sub(hlen) else {
@@ -140,12 +182,15 @@ impl Engine {
         if payload_len < DIRECT_MIN || have >= payload_len {
             return pos;
         }
-        if !self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE) {
-            return pos;
-        }
-        let Ok((mr, off)) = self.qp.check_remote(stag, to, payload_len as u64, Access::REMOTE_WRITE) else {
-            return pos;
+        let (target, kind) = match h.opcode {
+            Opcode::RdmaWrite => (self.write_target(stag, to, payload_len), Kind::Write { stag, to }),
+            Opcode::ReadResponse => (
+                self.read_response_target(to, payload_len),
+                Kind::ReadResponse { last: h.last },
+            ),
+            _ => return pos,
         };
+        let Some((mr, off)) = target else { return pos };
         if !mr.region.write(off, &rest[hlen..]) {
             return pos;
         }
@@ -160,10 +205,34 @@ impl Engine {
             left: payload_len - have,
             trailer: fpdu_wire_len(ulpdu_len) - 2 - ulpdu_len,
             header,
-            stag,
-            to,
             len: payload_len,
+            kind,
         });
         self.rx_len
+    }
+
+    /// A WRITE's target, if the QP and the STag allow the whole payload (`on_write`'s check).
+    fn write_target(&self, stag: u32, to: u64, len: usize) -> Option<(Arc<MrInner>, usize)> {
+        if !self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE) {
+            return None;
+        }
+        self.qp.check_remote(stag, to, len as u64, Access::REMOTE_WRITE).ok()
+    }
+
+    /// A Read Response's target: the oldest READ's sink at its next offset (`on_read_response`'s
+    /// check), if the payload lies inside one SGE.
+    fn read_response_target(&self, to: u64, len: usize) -> Option<(Arc<MrInner>, usize)> {
+        let entry = self.orq.front()?;
+        let mut at = to.wrapping_sub(entry.sink_to) as usize;
+        if at != entry.placed || at.checked_add(len).is_none_or(|end| end > entry.total) {
+            return None;
+        }
+        for p in &entry.dst {
+            if at < p.len {
+                return (at + len <= p.len).then(|| (p.mr.clone(), p.off + at));
+            }
+            at -= p.len;
+        }
+        None
     }
 }

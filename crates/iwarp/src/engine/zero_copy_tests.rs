@@ -391,3 +391,59 @@ fn a_direct_target_lost_mid_payload_is_a_terminate_naming_the_write() {
     drive(&mut b.eng, &mut a.eng);
     assert_eq!(a.qp.state(), QpState::Err);
 }
+
+/// `a` READs 200,000 bytes of `b`'s memory into `sinks` (one SGE each); returns the bytes of
+/// the Read Responses `b` queued, and the data.
+fn queued_read_responses(a: &mut Side, b: &mut Side, sinks: &[(&MrInner, u32)]) -> (Vec<u8>, Vec<u8>) {
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 17 + 5) as u8).collect();
+    let src = b.qp.register(data.len(), remote());
+    assert!(src.region.write(0, &data));
+    let sg_list = sinks.iter().map(|(mr, len)| sge(mr, 0, *len)).collect();
+    a.qp.post_send(signaled(SendWr::read(4, sg_list, src.region.addr(), src.rkey)));
+    drive(&mut a.eng, &mut b.eng);
+    b.eng.fill_tx();
+    let wire = b.eng.tx_bytes();
+    b.eng.tx_consumed(wire.len());
+    (wire, data)
+}
+
+#[test]
+fn read_responses_are_received_straight_into_the_sink_and_complete_the_read() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let sink = a.qp.register(200_000, Access::LOCAL_WRITE);
+    let (wire, data) = queued_read_responses(&mut a, &mut b, &[(&sink, 200_000)]);
+    assert!(receive(&mut a.eng, &wire, 16 * 1024) >= 9);
+    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(4, WcStatus::Success)]);
+    assert_eq!(region_bytes(&sink), data);
+
+    // Two SGEs: the segment that spans them is buffered and scattered; the others are direct.
+    let (s1, s2) = (
+        a.qp.register(100_000, Access::LOCAL_WRITE),
+        a.qp.register(100_000, Access::LOCAL_WRITE),
+    );
+    let (wire, data) = queued_read_responses(&mut a, &mut b, &[(&s1, 100_000), (&s2, 100_000)]);
+    assert!(receive(&mut a.eng, &wire, 16 * 1024) >= 6);
+    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(4, WcStatus::Success)]);
+    assert_eq!(region_bytes(&s1), &data[..100_000]);
+    assert_eq!(region_bytes(&s2), &data[100_000..]);
+    assert_eq!(a.eng.stats.terminates_sent, 0);
+}
+
+#[test]
+fn a_read_sink_lost_mid_payload_is_a_terminate_and_the_read_fails() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let sink = a.qp.register(200_000, Access::LOCAL_WRITE);
+    let (wire, _) = queued_read_responses(&mut a, &mut b, &[(&sink, 200_000)]);
+    receive(&mut a.eng, &wire[..1000], 1000);
+    sink.region.revoke();
+    a.eng.rx_direct_lost("deregistered in the test");
+    assert_eq!(a.eng.stats.terminates_sent, 1);
+    let why = a.eng.close_reason.clone().unwrap_or_default();
+    assert!(
+        why.contains("READ sink became inaccessible after 0 of 200000 bytes"),
+        "{why}"
+    );
+    let wcs = statuses(a.qp.take_send_wcs());
+    assert!(wcs.len() == 1 && wcs[0].1 != WcStatus::Success, "{wcs:?}");
+    assert_eq!(a.qp.state(), QpState::Err);
+}
