@@ -9,19 +9,24 @@ use softrdma_verbs::qp_host::PlainQp;
 use softrdma_verbs::*;
 use std::sync::Arc;
 
-struct Side {
-    qp: Arc<PlainQp>,
-    eng: Engine,
+pub(super) struct Side {
+    pub(super) qp: Arc<PlainQp>,
+    pub(super) eng: Engine,
 }
 
 fn side(qpn: u32, initiator: bool) -> Side {
+    side_crc(qpn, initiator, true)
+}
+
+/// An engine on a fresh [`PlainQp`] in RTS, with or without MPA CRC.
+pub(super) fn side_crc(qpn: u32, initiator: bool, crc: bool) -> Side {
     let attr = QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
         ..QpAttr::default()
     };
     let qp = PlainQp::new(qpn, QpState::Rts, attr);
     let cfg = EngineConfig {
-        crc: true,
+        crc,
         ird: 4,
         ord: 4,
         initiator,
@@ -48,7 +53,7 @@ fn pump(a: &mut Side, b: &mut Side) -> usize {
     moved
 }
 
-fn sge(mr: &MrInner, off: usize, len: u32) -> Sge {
+pub(super) fn sge(mr: &MrInner, off: usize, len: u32) -> Sge {
     Sge {
         addr: mr.region.addr() + off as u64,
         length: len,
@@ -56,7 +61,7 @@ fn sge(mr: &MrInner, off: usize, len: u32) -> Sge {
     }
 }
 
-fn signaled(mut wr: SendWr) -> SendWr {
+pub(super) fn signaled(mut wr: SendWr) -> SendWr {
     wr.flags = SendFlags::SIGNALED;
     wr
 }
@@ -67,7 +72,7 @@ fn bytes(mr: &MrInner) -> Vec<u8> {
     v
 }
 
-fn statuses(wcs: Vec<WorkCompletion>) -> Vec<(u64, WcStatus)> {
+pub(super) fn statuses(wcs: Vec<WorkCompletion>) -> Vec<(u64, WcStatus)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }
 

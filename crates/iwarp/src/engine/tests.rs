@@ -111,16 +111,21 @@ fn transfer(x: &mut Side, y: &mut Side) -> usize {
 pub(super) fn stream(x: &mut Engine, y: &mut Engine) -> usize {
     x.fill_tx();
     let out = x.tx_bytes();
+    deliver(y, &out);
+    x.tx_consumed(out.len());
+    out.len()
+}
+
+/// Hands `bytes` to engine `y` through its receive buffer, as reads from a socket would.
+pub(super) fn deliver(y: &mut Engine, bytes: &[u8]) {
     let mut off = 0;
-    while off < out.len() {
+    while off < bytes.len() {
         let space = y.rx_space();
-        let n = space.len().min(out.len() - off);
-        space[..n].copy_from_slice(&out[off..off + n]);
+        let n = space.len().min(bytes.len() - off);
+        space[..n].copy_from_slice(&bytes[off..off + n]);
         y.rx_commit(n);
         off += n;
     }
-    x.tx_consumed(out.len());
-    out.len()
 }
 
 /// Moves bytes both ways until nothing moves. Returns bytes moved.

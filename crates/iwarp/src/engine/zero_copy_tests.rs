@@ -2,69 +2,21 @@
 //! engines run on [`PlainQp`] hosts; `drive` does what the driver does with
 //! `send_gather`: a revoked region part sends nothing and is reported by its index.
 
-use super::{Engine, EngineConfig};
+use super::plain_host_tests::{sge, side_crc, signaled, statuses, Side};
+use super::tests::deliver;
+use super::Engine;
 use softrdma_verbs::async_event::AsyncEventKind;
 use softrdma_verbs::memory::socket_io::{Gather, Scatter};
 use softrdma_verbs::mr::MrInner;
-use softrdma_verbs::qp_host::PlainQp;
 use softrdma_verbs::*;
 use std::sync::Arc;
 
-struct Side {
-    qp: Arc<PlainQp>,
-    eng: Engine,
-}
-
 fn side(qpn: u32, initiator: bool) -> Side {
-    let attr = QpAttr {
-        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-        ..QpAttr::default()
-    };
-    let qp = PlainQp::new(qpn, QpState::Rts, attr);
-    let cfg = EngineConfig {
-        crc: false,
-        ird: 4,
-        ord: 4,
-        initiator,
-        rtr: None,
-    };
-    let mut eng = Engine::new(qp.clone(), cfg);
-    if initiator {
-        eng.release_tx();
-    }
-    Side { qp, eng }
+    side_crc(qpn, initiator, false)
 }
 
 fn remote() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
-}
-
-fn sge(mr: &MrInner, off: usize, len: u32) -> Sge {
-    Sge {
-        addr: mr.region.addr() + off as u64,
-        length: len,
-        lkey: mr.lkey,
-    }
-}
-
-fn signaled(mut wr: SendWr) -> SendWr {
-    wr.flags = SendFlags::SIGNALED;
-    wr
-}
-
-fn statuses(wcs: Vec<WorkCompletion>) -> Vec<(u64, WcStatus)> {
-    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
-}
-
-fn deliver(y: &mut Engine, bytes: &[u8]) {
-    let mut off = 0;
-    while off < bytes.len() {
-        let space = y.rx_space();
-        let n = space.len().min(bytes.len() - off);
-        space[..n].copy_from_slice(&bytes[off..off + n]);
-        y.rx_commit(n);
-        off += n;
-    }
 }
 
 /// (own parts, region parts) of what `x` would send now.

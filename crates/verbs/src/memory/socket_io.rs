@@ -10,7 +10,7 @@
 //! never a signal. These are the guarantees [`super::MemRegion::read`] and
 //! [`super::MemRegion::write`] give.
 
-use super::MemRegion;
+use super::{Lease, MemRegion};
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -70,36 +70,16 @@ pub fn send_gather(fd: BorrowedFd<'_>, parts: &[Gather<'_>], flags: libc::c_int)
     let mut leases = Vec::with_capacity(parts.len());
     let mut iov = Vec::with_capacity(parts.len());
     for (index, part) in parts.iter().enumerate() {
-        let (base, len) = match *part {
-            Gather::Bytes(b) => (b.as_ptr(), b.len()),
-            Gather::Region { region, offset, len } => {
-                leases.push(region.lease(offset, len).ok_or(GatherError::Revoked { index })?);
-                // SAFETY: the lease proved `offset..offset + len` lies inside the region, so the
-                // pointer stays within (or one past) the registered range.
-                (unsafe { region.base.as_ptr().add(offset) }.cast_const(), len)
-            }
-        };
-        iov.push(libc::iovec {
-            iov_base: base.cast_mut().cast::<c_void>(),
-            iov_len: len,
+        iov.push(match *part {
+            Gather::Bytes(b) => iovec(b.as_ptr().cast_mut(), b.len()),
+            Gather::Region { region, offset, len } => region_iovec(region, offset, len, index, &mut leases)?,
         });
     }
-    // SAFETY: an all-zero msghdr is a valid empty message (null name, no control data).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_mut_ptr();
-    msg.msg_iovlen = iov.len() as _;
     // SAFETY: every iovec names memory valid for reads of its length for the whole call: the
     // caller's borrowed slices, or leased registered ranges (a deregistration waits until the
-    // leases drop below). The kernel only reads them, through its own fault-checked copy, so an
-    // application that unmapped a range gets EFAULT rather than a signal.
-    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, flags) };
-    let result = if n < 0 {
-        Err(std::io::Error::last_os_error().into())
-    } else {
-        Ok(n as usize)
-    };
-    drop(leases);
-    result
+    // leases drop, after the call). The kernel only reads them, through its own fault-checked
+    // copy, so an application that unmapped a range gets EFAULT rather than a signal.
+    with_msghdr(&mut iov, |msg| unsafe { libc::sendmsg(fd.as_raw_fd(), msg, flags) })
 }
 
 /// One piece of a scattered receive.
@@ -126,36 +106,54 @@ pub fn recv_scatter(fd: BorrowedFd<'_>, parts: &mut [Scatter<'_>], flags: libc::
     let mut leases = Vec::with_capacity(n_parts);
     let mut iov = Vec::with_capacity(n_parts);
     for (index, part) in parts[..n_parts].iter_mut().enumerate() {
-        let (base, len) = match part {
-            Scatter::Bytes(b) => (b.as_mut_ptr(), b.len()),
-            Scatter::Region { region, offset, len } => {
-                leases.push(region.lease(*offset, *len).ok_or(GatherError::Revoked { index })?);
-                // SAFETY: the lease proved `offset..offset + len` lies inside the region.
-                (unsafe { region.base.as_ptr().add(*offset) }, *len)
-            }
-        };
-        iov.push(libc::iovec {
-            iov_base: base.cast::<c_void>(),
-            iov_len: len,
+        iov.push(match part {
+            Scatter::Bytes(b) => iovec(b.as_mut_ptr(), b.len()),
+            Scatter::Region { region, offset, len } => region_iovec(region, *offset, *len, index, &mut leases)?,
         });
     }
+    // SAFETY: every iovec names memory valid for writes of its length for the whole call: the
+    // caller's exclusively borrowed buffers, or leased registered ranges (deregistration waits
+    // for the leases, which drop after the call). The kernel writes them through its own
+    // fault-checked copy: unmapped application pages give EFAULT, not a signal. Registered
+    // memory is never referenced by Rust code, so the kernel's writes alias nothing.
+    with_msghdr(&mut iov, |msg| unsafe { libc::recvmsg(fd.as_raw_fd(), msg, flags) })
+}
+
+fn iovec(base: *mut u8, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: base.cast::<c_void>(),
+        iov_len: len,
+    }
+}
+
+/// Leases `len` bytes of `region` at `offset` (part `index` of a call) into `leases`, and
+/// returns their iovec.
+fn region_iovec<'r>(
+    region: &'r MemRegion,
+    offset: usize,
+    len: usize,
+    index: usize,
+    leases: &mut Vec<Lease<'r>>,
+) -> Result<libc::iovec, GatherError> {
+    leases.push(region.lease(offset, len).ok_or(GatherError::Revoked { index })?);
+    // SAFETY: the lease proved `offset..offset + len` lies inside the region, so the pointer
+    // stays within (or one past) the registered range.
+    Ok(iovec(unsafe { region.base.as_ptr().add(offset) }, len))
+}
+
+/// Runs `call` (sendmsg or recvmsg) on a message naming `iov`, and maps its result (the
+/// caller's leases outlive this).
+fn with_msghdr(iov: &mut [libc::iovec], call: impl FnOnce(&mut libc::msghdr) -> isize) -> Result<usize, GatherError> {
     // SAFETY: an all-zero msghdr is a valid empty message (null name, no control data).
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = iov.len() as _;
-    // SAFETY: every iovec names memory valid for writes of its length for the whole call: the
-    // caller's exclusively borrowed buffers, or leased registered ranges (deregistration waits
-    // for the leases, which drop below). The kernel writes them through its own fault-checked
-    // copy: unmapped application pages give EFAULT, not a signal. Registered memory is never
-    // referenced by Rust code, so the kernel's writes alias nothing.
-    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, flags) };
-    let result = if n < 0 {
+    let n = call(&mut msg);
+    if n < 0 {
         Err(std::io::Error::last_os_error().into())
     } else {
         Ok(n as usize)
-    };
-    drop(leases);
-    result
+    }
 }
 
 #[cfg(test)]
