@@ -17,6 +17,7 @@
 use softrdma_fuzz::rx::{self, World};
 use softrdma_iwarp::engine::{Engine, EngineConfig};
 use softrdma_iwarp::handshake::{build_accept, build_reject, build_request, parse_request, MpaParams};
+use softrdma_verbs::memory::socket_io::Gather;
 use softrdma_verbs::qp_state::{attr_mask, AttrRules};
 use softrdma_verbs::*;
 use softrdma_wire::*;
@@ -100,12 +101,24 @@ impl Initiator {
         let mut out = Vec::new();
         for _ in 0..16 {
             self.engine.fill_tx();
-            let p = self.engine.tx_pending();
+            let mut p = Vec::new();
+            {
+                let mut parts = Vec::new();
+                self.engine.tx_gather(&mut parts);
+                for part in parts {
+                    match part {
+                        Gather::Bytes(b) => p.extend_from_slice(b),
+                        Gather::Region { region, offset, len } => {
+                            assert!(region.append_to(offset, len, &mut p), "a live MR reads")
+                        }
+                    }
+                }
+            }
             if p.is_empty() {
                 break;
             }
             let n = p.len();
-            out.extend_from_slice(p);
+            out.extend_from_slice(&p);
             self.engine.tx_consumed(n);
         }
         // The READ sink STag is our random lkey: make the seed reproducible.

@@ -55,6 +55,7 @@ pub mod rx {
     //!   completion, and no successful receive reports more bytes than its buffers hold.
 
     use softrdma_iwarp::engine::{Engine, EngineConfig};
+    use softrdma_verbs::memory::socket_io::{Gather, Scatter};
     use softrdma_verbs::qp_state::{attr_mask, AttrRules};
     use softrdma_verbs::*;
     use softrdma_wire::{crc32c, fpdu_wire_len, parse_fpdu, DdpHeader, Opcode, ReadRequest, SegmentHeader, Terminate};
@@ -437,14 +438,38 @@ pub mod rx {
             }
         }
 
-        /// Hands `data` to the engine as one socket read (in rx_space()-sized pieces), then
-        /// lets it transmit and drains what it produced.
+        /// Hands `data` to the engine as the driver's receives would (`rx_scatter`: an MR range
+        /// first while a payload is placed directly, then the buffer), then lets it transmit
+        /// and drains what it produced.
         pub fn feed(&mut self, mut data: &[u8]) {
             while !data.is_empty() {
-                let space = self.engine.rx_space();
-                let n = space.len().min(data.len());
-                space[..n].copy_from_slice(&data[..n]);
-                self.engine.rx_commit(n);
+                let mut n = 0;
+                let mut lost = false;
+                {
+                    let mut parts = Vec::new();
+                    self.engine.rx_scatter(&mut parts);
+                    for part in parts.iter_mut() {
+                        let take = match part {
+                            Scatter::Region { len, .. } => (*len).min(data.len() - n),
+                            Scatter::Bytes(b) => b.len().min(data.len() - n),
+                        };
+                        match part {
+                            Scatter::Region { region, offset, .. } => {
+                                if !region.write(*offset, &data[n..n + take]) {
+                                    lost = true;
+                                    break;
+                                }
+                            }
+                            Scatter::Bytes(b) => b[..take].copy_from_slice(&data[n..n + take]),
+                        }
+                        n += take;
+                    }
+                }
+                if lost {
+                    self.engine.rx_direct_lost("the fuzz harness could not write the MR");
+                    break;
+                }
+                self.engine.rx_received(n);
                 data = &data[n..];
             }
             self.pump_tx();
@@ -454,13 +479,46 @@ pub mod rx {
         pub fn pump_tx(&mut self) {
             for _ in 0..64 {
                 self.engine.fill_tx();
-                let out = self.engine.tx_pending();
+                // As the driver's `send_gather`: a revoked MR part sends nothing and is named;
+                // an unreadable one (EFAULT) sends what precedes it, then fails as part 0.
+                let mut out = Vec::new();
+                let mut lost = None;
+                {
+                    let mut parts = Vec::new();
+                    self.engine.tx_gather(&mut parts);
+                    let revoked = parts
+                        .iter()
+                        .position(|p| matches!(p, Gather::Region { region, .. } if region.is_revoked()));
+                    if let Some(i) = revoked {
+                        lost = Some(i);
+                    } else {
+                        for part in &parts {
+                            let ok = match *part {
+                                Gather::Bytes(b) => {
+                                    out.extend_from_slice(b);
+                                    true
+                                }
+                                Gather::Region { region, offset, len } => region.append_to(offset, len, &mut out),
+                            };
+                            if !ok {
+                                lost = Some(0);
+                                break;
+                            }
+                        }
+                    }
+                }
+                if !out.is_empty() {
+                    let n = out.len();
+                    self.tx_log.extend_from_slice(&out);
+                    self.engine.tx_consumed(n);
+                }
+                if let Some(i) = lost {
+                    self.engine.tx_memory_lost(i, "unreadable in the fuzz harness");
+                    continue;
+                }
                 if out.is_empty() {
                     break;
                 }
-                let n = out.len();
-                self.tx_log.extend_from_slice(out);
-                self.engine.tx_consumed(n);
             }
             while let Some(wc) = self.cq.poll_one() {
                 self.wcs.push(wc);
