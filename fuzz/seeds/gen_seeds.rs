@@ -17,7 +17,6 @@
 use softrdma_fuzz::rx::{self, World};
 use softrdma_iwarp::engine::{Engine, EngineConfig};
 use softrdma_iwarp::handshake::{build_accept, build_reject, build_request, parse_request, MpaParams};
-use softrdma_verbs::memory::socket_io::Gather;
 use softrdma_verbs::qp_state::{attr_mask, AttrRules};
 use softrdma_verbs::*;
 use softrdma_wire::*;
@@ -106,12 +105,7 @@ impl Initiator {
                 let mut parts = Vec::new();
                 self.engine.tx_gather(&mut parts);
                 for part in parts {
-                    match part {
-                        Gather::Bytes(b) => p.extend_from_slice(b),
-                        Gather::Region { region, offset, len } => {
-                            assert!(region.append_to(offset, len, &mut p), "a live MR reads")
-                        }
-                    }
+                    assert!(part.append_to(&mut p), "a live MR reads");
                 }
             }
             if p.is_empty() {

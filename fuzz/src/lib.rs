@@ -493,13 +493,7 @@ pub mod rx {
                         lost = Some(i);
                     } else {
                         for part in &parts {
-                            let ok = match *part {
-                                Gather::Bytes(b) => {
-                                    out.extend_from_slice(b);
-                                    true
-                                }
-                                Gather::Region { region, offset, len } => region.append_to(offset, len, &mut out),
-                            };
+                            let ok = part.append_to(&mut out);
                             if !ok {
                                 lost = Some(0);
                                 break;

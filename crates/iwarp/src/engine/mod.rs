@@ -124,6 +124,18 @@ pub(crate) struct OrqEntry {
     dst: Vec<Piece>,
 }
 
+impl OrqEntry {
+    /// The sink offset a Read Response segment for tagged offset `to` lands at.
+    fn offset_of(&self, to: u64) -> usize {
+        to.wrapping_sub(self.sink_to) as usize
+    }
+
+    /// Whether `len` bytes at sink offset `at` are the next ones and inside the sink.
+    fn fits(&self, at: usize, len: usize) -> bool {
+        at == self.placed && at.checked_add(len).is_some_and(|end| end <= self.total)
+    }
+}
+
 /// A Read Response this side owes the peer.
 #[derive(Debug)]
 pub(crate) struct ReadResp {

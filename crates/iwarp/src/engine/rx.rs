@@ -2,12 +2,14 @@
 
 use super::term::{read_error, tagged_error};
 use super::{Engine, Phase, Piece, ReadResp, RecvInProgress};
+use softrdma_verbs::mr::{KeyError, MrInner};
 use softrdma_verbs::wr::wc_flags;
 use softrdma_verbs::{Access, WcOpcode, WcStatus, WorkCompletion};
 use softrdma_wire::{
     parse_fpdu, term, DdpHeader, Opcode, ReadRequest, SegmentHeader, TermLayer, Terminate, WireError, QN_READ_REQUEST,
     QN_SEND, QN_TERMINATE,
 };
+use std::sync::Arc;
 
 /// Scatters `data` into `pieces` starting at byte `at` of the buffer list.
 fn scatter(pieces: &[Piece], mut at: usize, mut data: &[u8]) -> bool {
@@ -177,24 +179,14 @@ impl Engine {
         if payload.is_empty() {
             return;
         }
-        let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE);
-        let checked = if qp_ok {
-            self.qp
-                .check_remote(stag, to, payload.len() as u64, Access::REMOTE_WRITE)
-        } else {
-            Err(softrdma_verbs::mr::KeyError::Rights)
-        };
+        let (qp_ok, checked) = self.write_check(stag, to, payload.len());
         match checked {
             Ok((mr, off)) => {
                 if mr.region.write(off, payload) {
                     self.stats.rx_placed += payload.len() as u64;
                 } else {
                     // Deregistered while the segment was placed, or its memory unmapped.
-                    let why = format!(
-                        "RDMA WRITE to STag {stag:#x} TO {to:#x} len {}: the MR's memory is no longer accessible",
-                        payload.len()
-                    );
-                    self.send_terminate(tagged_error(softrdma_verbs::mr::KeyError::InvalidKey), Some(ulpdu), why);
+                    self.write_target_lost(stag, to, payload.len(), ulpdu, None);
                 }
             }
             Err(e) => {
@@ -205,6 +197,61 @@ impl Engine {
                 );
                 self.send_terminate(tagged_error(e), Some(ulpdu), why);
             }
+        }
+    }
+
+    /// The checks an RDMA WRITE of `len` bytes gets: whether the QP allows remote writes, and
+    /// the STag's target (a QP without REMOTE_WRITE answers `Rights`).
+    pub(super) fn write_check(
+        &self,
+        stag: u32,
+        to: u64,
+        len: usize,
+    ) -> (bool, Result<(Arc<MrInner>, usize), KeyError>) {
+        let qp_ok = self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE);
+        let checked = if qp_ok {
+            self.qp.check_remote(stag, to, len as u64, Access::REMOTE_WRITE)
+        } else {
+            Err(KeyError::Rights)
+        };
+        (qp_ok, checked)
+    }
+
+    /// A WRITE's target memory became inaccessible while its payload was placed: the
+    /// Terminate (invalid STag) naming the segment `header`; `cause` says how, if known.
+    pub(super) fn write_target_lost(&mut self, stag: u32, to: u64, len: usize, header: &[u8], cause: Option<&str>) {
+        let why = format!(
+            "RDMA WRITE to STag {stag:#x} TO {to:#x} len {len}: the MR's memory is no longer accessible{}",
+            cause.map(|c| format!(" ({c})")).unwrap_or_default()
+        );
+        self.send_terminate(tagged_error(KeyError::InvalidKey), Some(header), why);
+    }
+
+    /// The oldest READ's sink became inaccessible while its response arrived: the Terminate
+    /// naming the segment `header`; `cause` says how, if known.
+    pub(super) fn read_sink_lost(&mut self, header: &[u8], cause: Option<&str>) {
+        let (placed, total) = self.orq.front().map_or((0, 0), |e| (e.placed, e.total));
+        let why = format!(
+            "READ sink became inaccessible after {placed} of {total} bytes{}",
+            cause.map(|c| format!(" ({c})")).unwrap_or_default()
+        );
+        self.send_terminate(
+            (TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0),
+            Some(header),
+            why,
+        );
+    }
+
+    /// `len` more bytes of the oldest READ's response are placed; its last segment completes
+    /// it (and everything before it).
+    pub(super) fn read_response_placed(&mut self, len: usize, last: bool) {
+        let Some(entry) = self.orq.front_mut() else { return };
+        entry.placed += len;
+        if last {
+            let seq = entry.seq;
+            self.orq.pop_front();
+            let qp = self.qp.clone();
+            self.inflight.confirm_through(seq, &*qp);
         }
     }
 
@@ -298,15 +345,11 @@ impl Engine {
                 "READ response with no READ outstanding".into(),
             );
         };
-        let at = to.wrapping_sub(entry.sink_to) as usize;
-        let fits = at == entry.placed && at.checked_add(payload.len()).is_some_and(|e| e <= entry.total);
+        let at = entry.offset_of(to);
+        let fits = entry.fits(at, payload.len());
         if fits && !scatter(&entry.dst, at, payload) {
             // The READ's local sink was deregistered (or unmapped) while data arrived.
-            let why = format!(
-                "READ sink became inaccessible after {} of {} bytes",
-                entry.placed, entry.total
-            );
-            return self.send_terminate((TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0), Some(ulpdu), why);
+            return self.read_sink_lost(ulpdu, None);
         }
         if !fits {
             let why = format!(
@@ -320,14 +363,8 @@ impl Engine {
                 why,
             );
         }
-        entry.placed += payload.len();
         self.stats.rx_placed += payload.len() as u64;
-        if last {
-            let seq = entry.seq;
-            self.orq.pop_front();
-            let qp = self.qp.clone();
-            self.inflight.confirm_through(seq, &*qp);
-        }
+        self.read_response_placed(payload.len(), last);
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -14,12 +14,10 @@
 //! arrives (deregistered, or unmapped: EFAULT, with the stream left unread) ends in the
 //! Terminate a buffered segment would get.
 
-use super::term::tagged_error;
 use super::{Engine, Phase};
 use softrdma_verbs::memory::socket_io::Scatter;
-use softrdma_verbs::mr::{KeyError, MrInner};
-use softrdma_verbs::Access;
-use softrdma_wire::{fpdu_wire_len, term, DdpHeader, Opcode, SegmentHeader, TermLayer, DDP_TAGGED_HDR_LEN};
+use softrdma_verbs::mr::MrInner;
+use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN};
 use std::sync::Arc;
 
 /// Smallest WRITE payload placed directly (below it, one copy costs less than the extra
@@ -93,23 +91,8 @@ impl Engine {
     pub fn rx_direct_lost(&mut self, cause: &str) {
         let Some(d) = self.direct.take() else { return };
         match d.kind {
-            Kind::Write { stag, to } => {
-                let why = format!(
-                    "RDMA WRITE to STag {stag:#x} TO {to:#x} len {}: the MR's memory is no longer accessible ({cause})",
-                    d.len
-                );
-                self.send_terminate(tagged_error(KeyError::InvalidKey), Some(&d.header), why);
-            }
-            Kind::ReadResponse { .. } => {
-                // As a buffered Read Response into a sink that became inaccessible.
-                let (placed, total) = self.orq.front().map_or((0, 0), |e| (e.placed, e.total));
-                let why = format!("READ sink became inaccessible after {placed} of {total} bytes ({cause})");
-                self.send_terminate(
-                    (TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0),
-                    Some(&d.header),
-                    why,
-                );
-            }
+            Kind::Write { stag, to } => self.write_target_lost(stag, to, d.len, &d.header, Some(cause)),
+            Kind::ReadResponse { .. } => self.read_sink_lost(&d.header, Some(cause)),
         }
     }
 
@@ -127,14 +110,7 @@ impl Engine {
         self.direct = None;
         self.stats.rx_fpdus += 1;
         if let Kind::ReadResponse { last } = kind {
-            let Some(entry) = self.orq.front_mut() else { return };
-            entry.placed += len;
-            if last {
-                let seq = entry.seq;
-                self.orq.pop_front();
-                let qp = self.qp.clone();
-                self.inflight.confirm_through(seq, &*qp);
-            }
+            self.read_response_placed(len, last);
         }
     }
 
@@ -183,7 +159,7 @@ impl Engine {
             return pos;
         }
         let (target, kind) = match h.opcode {
-            Opcode::RdmaWrite => (self.write_target(stag, to, payload_len), Kind::Write { stag, to }),
+            Opcode::RdmaWrite => (self.write_check(stag, to, payload_len).1.ok(), Kind::Write { stag, to }),
             Opcode::ReadResponse => (
                 self.read_response_target(to, payload_len),
                 Kind::ReadResponse { last: h.last },
@@ -211,20 +187,12 @@ impl Engine {
         self.rx_len
     }
 
-    /// A WRITE's target, if the QP and the STag allow the whole payload (`on_write`'s check).
-    fn write_target(&self, stag: u32, to: u64, len: usize) -> Option<(Arc<MrInner>, usize)> {
-        if !self.qp.attr().qp_access_flags.contains(Access::REMOTE_WRITE) {
-            return None;
-        }
-        self.qp.check_remote(stag, to, len as u64, Access::REMOTE_WRITE).ok()
-    }
-
     /// A Read Response's target: the oldest READ's sink at its next offset (`on_read_response`'s
     /// check), if the payload lies inside one SGE.
     fn read_response_target(&self, to: u64, len: usize) -> Option<(Arc<MrInner>, usize)> {
         let entry = self.orq.front()?;
-        let mut at = to.wrapping_sub(entry.sink_to) as usize;
-        if at != entry.placed || at.checked_add(len).is_none_or(|end| end > entry.total) {
+        let mut at = entry.offset_of(to);
+        if !entry.fits(at, len) {
             return None;
         }
         for p in &entry.dst {

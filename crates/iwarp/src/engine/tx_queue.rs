@@ -172,17 +172,22 @@ impl TxQueue {
 
     /// The next parts to send, from the first byte not yet taken.
     pub fn gather<'a>(&'a self, out: &mut Vec<Gather<'a>>) {
-        for (i, part) in self.parts.iter().take(MAX_GATHER_PARTS).enumerate() {
+        out.extend(self.views().take(MAX_GATHER_PARTS));
+    }
+
+    /// Every queued part, from the first byte not yet taken.
+    fn views(&self) -> impl Iterator<Item = Gather<'_>> {
+        self.parts.iter().enumerate().map(|(i, part)| {
             let skip = if i == 0 { self.head_taken } else { 0 };
-            out.push(match part {
+            match part {
                 Part::Own { start, len } => Gather::Bytes(&self.own[start + skip..start + len]),
                 Part::Mem { mr, off, len, .. } => Gather::Region {
                     region: &mr.region,
                     offset: off + skip,
                     len: len - skip,
                 },
-            });
-        }
+            }
+        })
     }
 
     /// The socket took `n` bytes.
@@ -276,17 +281,8 @@ impl TxQueue {
     #[cfg(test)]
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.queued);
-        for (i, part) in self.parts.iter().enumerate() {
-            let skip = if i == 0 { self.head_taken } else { 0 };
-            match part {
-                Part::Own { start, len } => out.extend_from_slice(&self.own[start + skip..start + len]),
-                Part::Mem { mr, off, len, .. } => {
-                    assert!(
-                        mr.region.append_to(off + skip, len - skip, &mut out),
-                        "memory part unreadable"
-                    )
-                }
-            }
+        for part in self.views() {
+            assert!(part.append_to(&mut out), "memory part unreadable");
         }
         out
     }

@@ -45,12 +45,7 @@ fn drive(x: &mut Engine, y: &mut Engine) -> usize {
                 .position(|p| matches!(p, Gather::Region { region, .. } if region.is_revoked()));
             if lost.is_none() {
                 for p in &parts {
-                    match *p {
-                        Gather::Bytes(b) => bytes.extend_from_slice(b),
-                        Gather::Region { region, offset, len } => {
-                            assert!(region.append_to(offset, len, &mut bytes))
-                        }
-                    }
+                    assert!(p.append_to(&mut bytes));
                 }
             }
         }

@@ -46,6 +46,18 @@ impl Gather<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Appends the part's bytes to `out` (a region through a guarded copy); false, with
+    /// nothing appended, when a region part is revoked, out of range or unreadable.
+    pub fn append_to(&self, out: &mut Vec<u8>) -> bool {
+        match *self {
+            Gather::Bytes(b) => {
+                out.extend_from_slice(b);
+                true
+            }
+            Gather::Region { region, offset, len } => region.append_to(offset, len, out),
+        }
+    }
 }
 
 /// Why [`send_gather`] sent nothing.
