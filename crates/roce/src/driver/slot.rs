@@ -594,8 +594,13 @@ impl QpTransport for RoceQp {
         if let Ok(ep) = self.endpoint() {
             // UD sends posted before the destroy go out now: a NIC (and Linux rxe) has sent
             // them by the time ibv_post_send returns, and mckey-style senders exit right after.
+            // An RC QP sends only the ACK its responder owes (RcEngine::destroy): its peer
+            // would otherwise retry messages this side received until RETRY_EXC_ERR.
             let mut guard = lock(&self.slot.engine);
-            if matches!(guard.as_ref(), Some(Engine::Ud { .. })) {
+            if let Some(Engine::Rc { eng, .. }) = guard.as_mut() {
+                eng.destroy();
+            }
+            if guard.is_some() {
                 self.slot.flush(&ep, guard.as_mut(), Instant::now());
             }
             drop(guard);

@@ -94,6 +94,8 @@ pub struct RcEngine {
     flushed: bool,
     /// The QP was reset: everything dropped, the engine is finished.
     reset: bool,
+    /// The application destroyed the QP: only an owed ACK may still leave.
+    destroyed: bool,
     /// Alternates requests and responses so neither side starves.
     responses_first: bool,
     /// COMM_EST was reported (a request arrived in RTR).
@@ -115,6 +117,7 @@ impl RcEngine {
             error: None,
             flushed: false,
             reset: false,
+            destroyed: false,
             responses_first: true,
             comm_established: false,
         }
@@ -311,10 +314,22 @@ impl RcEngine {
         }
     }
 
+    /// The application destroyed the QP: every WR is dropped without a completion (as
+    /// `ibv_destroy_qp` does) and no packet is handled any more; `poll_transmit` then yields only
+    /// the ACK the responder still owes, if one is queued. The messages it acknowledges were
+    /// executed and completed here; without it the requester would retry them until its retry
+    /// count is exhausted (RETRY_EXC_ERR on a WR its peer received), unless the CM's DREQ
+    /// reached it first.
+    pub fn destroy(&mut self) {
+        self.destroyed = true;
+        self.req.discard();
+        self.resp.abort(KeepReplies::OwedAck);
+    }
+
     /// True once the QP is in ERR with everything flushed and the last NAK sent (or the QP
     /// was reset): the driver may drop the engine.
     pub fn is_closed(&self) -> bool {
-        self.reset || (self.flushed && self.resp.idle())
+        self.reset || ((self.flushed || self.destroyed) && self.resp.idle())
     }
 
     /// Counters.
@@ -356,7 +371,7 @@ impl RcEngine {
 
     /// Follows the QP state; true if the engine must not process anything (ERR or RESET).
     fn stopped(&mut self) -> bool {
-        if self.reset {
+        if self.reset || self.destroyed {
             return true;
         }
         match self.qp.state() {

@@ -335,3 +335,51 @@ fn owed_ack_leaves_after_the_application_moves_the_responder_to_error() {
     a.collect();
     assert_eq!(a.send_status(), vec![(7, WcStatus::Success)]);
 }
+
+#[test]
+fn destroying_the_responder_sends_only_its_owed_ack() {
+    let (mut a, mut b) = rc_pair(Opts::default());
+    let sim = Sim::new(NetCfg::default(), 16);
+    let dst = b.mr(64, Access::LOCAL_WRITE);
+    b.qp.post_recv_one(50, dst.sge(0, 64)).unwrap();
+    b.qp.post_recv_one(51, dst.sge(0, 64)).unwrap();
+    let src = a.mr(64, Access::LOCAL_WRITE);
+    src.write(0, b"pong").unwrap();
+    a.qp.post_send_one(SendWr::send(7, vec![src.sge(0, 4)])).unwrap();
+    a.engine.sync_state(sim.now);
+    let mut out = Vec::new();
+    assert!(a.engine.poll_transmit(sim.now, &mut out));
+    b.engine.handle_packet(sim.now, &RocePacket::parse(&out).unwrap());
+    b.collect();
+    assert_eq!(b.recv_status(), vec![(50, WcStatus::Success)]);
+    // B's application posts a SEND of its own, then destroys the QP before anything left.
+    let bsrc = b.mr(64, Access::LOCAL_WRITE);
+    b.qp.post_send_one(SendWr::send(8, vec![bsrc.sge(0, 4)])).unwrap();
+    b.engine.sync_state(sim.now);
+    b.engine.destroy();
+    assert!(!b.engine.is_closed(), "the owed ACK is still queued");
+    let mut ack = Vec::new();
+    assert!(b.engine.poll_transmit(sim.now, &mut ack), "the owed ACK goes out");
+    let pkt = RocePacket::parse(&ack).unwrap();
+    assert_eq!(pkt.headers.bth.opcode, RoceOpcode::RcAck);
+    assert!(
+        !b.engine.poll_transmit(sim.now, &mut out),
+        "the destroyed QP's SEND does not leave"
+    );
+    assert!(b.engine.is_closed());
+    // Nothing completes on the destroyed QP: neither its SEND nor its other receive WR.
+    b.collect();
+    assert_eq!(b.send_status(), vec![]);
+    assert_eq!(b.recv_status(), vec![(50, WcStatus::Success)]);
+    // A packet arriving after the destroy is not handled.
+    a.qp.post_send_one(SendWr::send(9, vec![src.sge(0, 4)])).unwrap();
+    a.engine.sync_state(sim.now);
+    a.engine.handle_packet(sim.now, &pkt);
+    a.collect();
+    assert_eq!(a.send_status(), vec![(7, WcStatus::Success)]);
+    assert!(a.engine.poll_transmit(sim.now, &mut out));
+    b.engine.handle_packet(sim.now, &RocePacket::parse(&out).unwrap());
+    b.collect();
+    assert_eq!(b.recv_status(), vec![(50, WcStatus::Success)]);
+    assert!(!b.engine.poll_transmit(sim.now, &mut out), "no ACK for it");
+}
