@@ -379,30 +379,49 @@ impl Engine {
         payload: &[u8],
         ulpdu: &[u8],
     ) {
+        if !self.send_accept(qn, msn, mo, payload.len(), ulpdu) {
+            return;
+        }
+        let Some(r) = self.cur_recv.as_ref() else { return };
+        if !scatter(&r.dst, r.received, payload) {
+            // The receive buffer's MR was deregistered (or its memory unmapped) mid-message.
+            return self.recv_buffer_lost(ulpdu, None);
+        }
+        self.stats.rx_placed += payload.len() as u64;
+        self.send_placed(op, inval_stag, payload.len(), last, ulpdu);
+    }
+
+    /// The checks a SEND segment of `len` payload bytes gets before its payload is placed
+    /// (its queue, MSN and MO; for a first segment, the receive WR it takes, whose SGEs must be
+    /// valid; the receive buffer's capacity). They depend on the header alone, so direct
+    /// placement makes them when the header has arrived. False: the segment failed them, and
+    /// its Terminate (with the receive WR's completion, if one was taken) is sent.
+    pub(super) fn send_accept(&mut self, qn: u32, msn: u32, mo: u32, len: usize, ulpdu: &[u8]) -> bool {
         if qn != QN_SEND {
-            return self.untagged_error(term::ddp::untagged::INVALID_QN, ulpdu, format!("SEND on queue {qn}"));
+            self.untagged_error(term::ddp::untagged::INVALID_QN, ulpdu, format!("SEND on queue {qn}"));
+            return false;
         }
         if msn != self.recv_msn {
-            return self.untagged_error(
+            self.untagged_error(
                 term::ddp::untagged::INVALID_MSN_RANGE,
                 ulpdu,
                 format!("SEND MSN {msn}, expected {}", self.recv_msn),
             );
+            return false;
         }
         if self.cur_recv.is_none() {
             if mo != 0 {
-                return self.untagged_error(
+                self.untagged_error(
                     term::ddp::untagged::INVALID_MO,
                     ulpdu,
                     format!("first SEND segment has MO {mo}"),
                 );
+                return false;
             }
             let Some(wqe) = self.qp.take_recv() else {
-                let why = format!(
-                    "SEND (MSN {msn}, {} bytes) arrived with no receive buffer posted",
-                    payload.len()
-                );
-                return self.untagged_error(term::ddp::untagged::INVALID_MSN_NO_BUFFER, ulpdu, why);
+                let why = format!("SEND (MSN {msn}, {len} bytes) arrived with no receive buffer posted");
+                self.untagged_error(term::ddp::untagged::INVALID_MSN_NO_BUFFER, ulpdu, why);
+                return false;
             };
             let mut dst = Vec::new();
             let mut capacity = 0usize;
@@ -419,11 +438,8 @@ impl Engine {
                         wc.byte_len = 0;
                         self.qp.complete_recv(wc);
                         let why = format!("receive WR {:#x}: lkey {:#x}: {e}", wqe.wr_id, s.lkey);
-                        return self.send_terminate(
-                            (TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0),
-                            Some(ulpdu),
-                            why,
-                        );
+                        self.send_terminate((TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0), Some(ulpdu), why);
+                        return false;
                     }
                 }
                 capacity += s.length as usize;
@@ -436,19 +452,20 @@ impl Engine {
             });
         }
         let Some(received) = self.cur_recv.as_ref().map(|r| r.received) else {
-            return;
+            return false;
         };
         if mo as usize != received {
-            return self.untagged_error(
+            self.untagged_error(
                 term::ddp::untagged::INVALID_MO,
                 ulpdu,
                 format!("SEND segment MO {mo}, expected {received}"),
             );
+            return false;
         }
-        let Some(r) = self.cur_recv.as_mut() else { return };
-        let end = r.received + payload.len();
+        let Some(r) = self.cur_recv.as_ref() else { return false };
+        let end = received + len;
         if end > r.capacity {
-            let Some(r) = self.cur_recv.take() else { return };
+            let Some(r) = self.cur_recv.take() else { return false };
             let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qp.qpn());
             wc.byte_len = end as u32;
             self.qp.complete_recv(wc);
@@ -456,22 +473,39 @@ impl Engine {
                 "SEND of at least {end} bytes does not fit the {}-byte receive buffer (WR {:#x})",
                 r.capacity, r.wqe.wr_id
             );
-            return self.untagged_error(term::ddp::untagged::MSG_TOO_LONG, ulpdu, why);
+            self.untagged_error(term::ddp::untagged::MSG_TOO_LONG, ulpdu, why);
+            return false;
         }
-        if !scatter(&r.dst, r.received, payload) {
-            // The receive buffer's MR was deregistered (or its memory unmapped) mid-message.
-            let Some(r) = self.cur_recv.take() else { return };
-            let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn());
-            wc.byte_len = 0;
-            self.qp.complete_recv(wc);
-            let why = format!(
-                "receive WR {:#x}: its buffer became inaccessible after {} bytes",
-                r.wqe.wr_id, r.received
-            );
-            return self.send_terminate((TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0), Some(ulpdu), why);
-        }
-        r.received = end;
-        self.stats.rx_placed += payload.len() as u64;
+        true
+    }
+
+    /// The receive WR of the SEND in progress became inaccessible while a segment (`header`)
+    /// was placed: it completes with LOC_PROT_ERR and the Terminate names the segment; `cause`
+    /// says how, if known.
+    pub(super) fn recv_buffer_lost(&mut self, header: &[u8], cause: Option<&str>) {
+        let Some(r) = self.cur_recv.take() else { return };
+        let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn());
+        wc.byte_len = 0;
+        self.qp.complete_recv(wc);
+        let why = format!(
+            "receive WR {:#x}: its buffer became inaccessible after {} bytes{}",
+            r.wqe.wr_id,
+            r.received,
+            cause.map(|c| format!(" ({c})")).unwrap_or_default()
+        );
+        self.send_terminate(
+            (TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0),
+            Some(header),
+            why,
+        );
+    }
+
+    /// `len` more bytes of the SEND in progress are placed (after [`Engine::send_accept`]); its
+    /// last segment completes the receive WR (a SEND with Invalidate invalidates its STag
+    /// first; `header`, the segment's, for the Terminate if that fails).
+    pub(super) fn send_placed(&mut self, op: Opcode, inval_stag: u32, len: usize, last: bool, header: &[u8]) {
+        let Some(r) = self.cur_recv.as_mut() else { return };
+        r.received += len;
         if !last {
             return;
         }
@@ -490,7 +524,7 @@ impl Engine {
                         term::rdmap::REMOTE_OPERATION,
                         term::rdmap::STAG_CANNOT_INVALIDATE,
                     ),
-                    Some(ulpdu),
+                    Some(header),
                     why,
                 );
             }

@@ -1,30 +1,34 @@
-//! Direct placement: without MPA CRC, the payload of a large tagged segment (an RDMA WRITE, or
-//! a Read Response into a READ's sink) goes from the socket straight into the target MR, as
-//! siw places received payload.
+//! Direct placement: without MPA CRC, the payload of a large segment (an RDMA WRITE, a Read
+//! Response into a READ's sink, or a SEND into its receive buffer) goes from the socket
+//! straight into the target MR, as siw places received payload.
 //!
 //! When the buffered bytes end inside such an FPDU and its header has arrived, the engine
 //! makes the checks the complete FPDU would get (a WRITE: the STag over the whole payload; a
-//! Read Response: the oldest READ's next offset, inside one SGE of its sink), places the
-//! payload bytes already buffered, and offers the rest of the payload as the first part of the
-//! next receive ([`Engine::rx_scatter`], then [`Engine::rx_received`]). The pad and CRC field
-//! after it are skipped when they arrive; a Read Response's READ completes then if it was the
-//! last segment. Anything else (a failed check, a Read Response spanning two SGEs, CRC on, a
-//! payload under [`DIRECT_MIN`]) waits in the buffer for the whole FPDU as before, so every
-//! error is found and reported as before. A target that became inaccessible while the payload
-//! arrives (deregistered, or unmapped: EFAULT, with the stream left unread) ends in the
-//! Terminate a buffered segment would get.
+//! Read Response: the oldest READ's next offset, inside one SGE of its sink; a SEND: its
+//! queue, MSN and MO, the receive WR it takes and that WR's capacity, then the next offset
+//! inside one SGE), places the payload bytes already buffered, and offers the rest of the
+//! payload as the first part of the next receive ([`Engine::rx_scatter`], then
+//! [`Engine::rx_received`]). The pad and CRC field after it are skipped when they arrive; a
+//! Read Response's READ, or a SEND's receive WR, completes then if it was the last segment.
+//! A WRITE or Read Response that fails a check, a segment spanning two SGEs, CRC on, or a
+//! payload under [`DIRECT_MIN`] waits in the buffer for the whole FPDU as before, so its error
+//! is found and reported as before. A SEND's checks depend on its header alone: one that fails
+//! them gets its Terminate (and its receive WR's completion) when the header arrives, with the
+//! same codes and message as the whole FPDU would. A target that became inaccessible while
+//! the payload arrives (deregistered, or unmapped: EFAULT, with the stream left unread) ends in
+//! the Terminate a buffered segment would get.
 
 use super::{Engine, Phase};
 use softrdma_verbs::memory::socket_io::Scatter;
 use softrdma_verbs::mr::MrInner;
-use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN};
+use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN};
 use std::sync::Arc;
 
-/// Smallest WRITE payload placed directly (below it, one copy costs less than the extra
+/// Smallest payload placed directly (below it, one copy costs less than the extra
 /// receive call the split makes).
 pub(crate) const DIRECT_MIN: usize = 16 * 1024;
 
-/// A WRITE payload being received into its MR.
+/// A payload being received into its MR.
 #[derive(Debug)]
 pub(crate) struct Direct {
     mr: Arc<MrInner>,
@@ -52,10 +56,17 @@ enum Kind {
     ReadResponse {
         last: bool,
     },
+    /// A segment of the SEND in progress (its receive WR taken, its checks made); `last`: the
+    /// message's final segment.
+    Send {
+        op: Opcode,
+        inval_stag: u32,
+        last: bool,
+    },
 }
 
 impl Engine {
-    /// Where the next socket bytes go: the receive buffer (at least 64 KiB); or, while a WRITE
+    /// Where the next socket bytes go: the receive buffer (at least 64 KiB); or, while a
     /// payload is placed directly, the rest of it in its MR, then only its pad and CRC field
     /// and the next FPDU's header in the buffer. A stream of large WRITEs then takes one
     /// receive call per FPDU and no copy: each call ends where the next payload starts.
@@ -69,7 +80,15 @@ impl Engine {
                 offset: d.off,
                 len: d.left,
             });
-            end = end.min(*rx_len + d.trailer + 2 + DDP_TAGGED_HDR_LEN);
+            // The next FPDU's header is most likely of the same kind (a stream of SENDs or
+            // of WRITEs): read exactly that far. If it is not, a WRITE's tagged header comes
+            // with 4 payload bytes (copied), or a SEND's untagged one is short (its segment is
+            // then buffered, as after any short segment).
+            let next_header = match d.kind {
+                Kind::Send { .. } => DDP_UNTAGGED_HDR_LEN,
+                _ => DDP_TAGGED_HDR_LEN,
+            };
+            end = end.min(*rx_len + d.trailer + 2 + next_header);
         }
         out.push(Scatter::Bytes(&mut rx[*rx_len..end]));
     }
@@ -86,13 +105,14 @@ impl Engine {
         }
     }
 
-    /// The MR part of [`Engine::rx_scatter`] could not be written (`cause`): the WRITE ends in
-    /// the Terminate a buffered one would get.
+    /// The MR part of [`Engine::rx_scatter`] could not be written (`cause`): the segment ends
+    /// in the Terminate a buffered one would get.
     pub fn rx_direct_lost(&mut self, cause: &str) {
         let Some(d) = self.direct.take() else { return };
         match d.kind {
             Kind::Write { stag, to } => self.write_target_lost(stag, to, d.len, &d.header, Some(cause)),
             Kind::ReadResponse { .. } => self.read_sink_lost(&d.header, Some(cause)),
+            Kind::Send { .. } => self.recv_buffer_lost(&d.header, Some(cause)),
         }
     }
 
@@ -106,11 +126,14 @@ impl Engine {
             return;
         }
         self.rx_skip = d.trailer;
-        let (kind, len) = (d.kind, d.len);
-        self.direct = None;
+        let Some(Direct { kind, len, header, .. }) = self.direct.take() else {
+            return;
+        };
         self.stats.rx_fpdus += 1;
-        if let Kind::ReadResponse { last } = kind {
-            self.read_response_placed(len, last);
+        match kind {
+            Kind::Write { .. } => {}
+            Kind::ReadResponse { last } => self.read_response_placed(len, last),
+            Kind::Send { op, inval_stag, last } => self.send_placed(op, inval_stag, len, last, &header),
         }
     }
 
@@ -134,8 +157,8 @@ impl Engine {
         pos + skip
     }
 
-    /// The buffer from `pos` holds the start of an FPDU, not all of it: if it is a large RDMA
-    /// WRITE that passes its checks, start placing it directly. Returns the new position.
+    /// The buffer from `pos` holds the start of an FPDU, not all of it: if it is a large WRITE,
+    /// Read Response or SEND that passes its checks, start placing it directly. Returns the new position.
     pub(super) fn try_direct(&mut self, pos: usize) -> usize {
         if self.cfg.crc || self.phase != Phase::Running || self.direct.is_some() || self.rx_skip > 0 {
             return pos;
@@ -148,9 +171,6 @@ impl Engine {
         let Ok((h, hlen)) = SegmentHeader::parse(rest) else {
             return pos;
         };
-        let DdpHeader::Tagged { stag, to } = h.ddp else {
-            return pos;
-        };
         let Some(payload_len) = ulpdu_len.checked_sub(hlen) else {
             return pos;
         };
@@ -158,22 +178,42 @@ impl Engine {
         if payload_len < DIRECT_MIN || have >= payload_len {
             return pos;
         }
-        let (target, kind) = match h.opcode {
-            Opcode::RdmaWrite => (self.write_check(stag, to, payload_len).1.ok(), Kind::Write { stag, to }),
-            Opcode::ReadResponse => (
+        let header = rest[..hlen].to_vec();
+        // As for every FPDU received (see `on_ulpdu`): the peer has started sending (a
+        // Terminate for a SEND that fails its checks here must not wait for that).
+        self.tx_enabled = true;
+        self.await_rtr = false;
+        let (target, kind) = match (h.opcode, h.ddp) {
+            (Opcode::RdmaWrite, DdpHeader::Tagged { stag, to }) => {
+                (self.write_check(stag, to, payload_len).1.ok(), Kind::Write { stag, to })
+            }
+            (Opcode::ReadResponse, DdpHeader::Tagged { to, .. }) => (
                 self.read_response_target(to, payload_len),
                 Kind::ReadResponse { last: h.last },
+            ),
+            (
+                op @ (Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate),
+                DdpHeader::Untagged {
+                    inval_stag,
+                    qn,
+                    msn,
+                    mo,
+                },
+            ) => (
+                self.send_target(qn, msn, mo, payload_len, &header),
+                Kind::Send {
+                    op,
+                    inval_stag,
+                    last: h.last,
+                },
             ),
             _ => return pos,
         };
         let Some((mr, off)) = target else { return pos };
-        if !mr.region.write(off, &rest[hlen..]) {
+        let start = pos + 2 + hlen;
+        if !mr.region.write(off, &self.rx[start..self.rx_len]) {
             return pos;
         }
-        let header = rest[..hlen].to_vec();
-        // As for every FPDU received (see `on_ulpdu`): the peer has started sending.
-        self.tx_enabled = true;
-        self.await_rtr = false;
         self.stats.rx_placed += have as u64;
         self.direct = Some(Direct {
             mr,
@@ -185,6 +225,25 @@ impl Engine {
             kind,
         });
         self.rx_len
+    }
+
+    /// A SEND segment's target: its checks ([`Engine::send_accept`], which takes the receive WR
+    /// for a first segment and sends the Terminate of a segment that fails them), then the
+    /// receive buffer at the message's next offset, if the payload lies inside one SGE. A
+    /// segment that spans two SGEs is left to the buffered path, whose checks then pass again.
+    fn send_target(&mut self, qn: u32, msn: u32, mo: u32, len: usize, header: &[u8]) -> Option<(Arc<MrInner>, usize)> {
+        if !self.send_accept(qn, msn, mo, len, header) {
+            return None;
+        }
+        let r = self.cur_recv.as_ref()?;
+        let mut at = r.received;
+        for p in &r.dst {
+            if at < p.len {
+                return (at + len <= p.len).then(|| (p.mr.clone(), p.off + at));
+            }
+            at -= p.len;
+        }
+        None
     }
 
     /// A Read Response's target: the oldest READ's sink at its next offset (`on_read_response`'s

@@ -218,7 +218,12 @@ fn a_read_source_deregistered_before_its_response_left_is_a_terminate() {
 /// direct placement's MR range first, then the receive buffer. Returns the calls that wrote
 /// into an MR.
 fn receive(y: &mut Engine, bytes: &[u8], chunk: usize) -> usize {
-    let (mut off, mut direct_calls) = (0, 0);
+    receive_counting(y, bytes, chunk).0
+}
+
+/// [`receive`], returning (calls that wrote into an MR, bytes written into MRs).
+fn receive_counting(y: &mut Engine, bytes: &[u8], chunk: usize) -> (usize, usize) {
+    let (mut off, mut direct_calls, mut direct_bytes) = (0, 0, 0);
     while off < bytes.len() {
         let mut n = 0;
         {
@@ -231,6 +236,7 @@ fn receive(y: &mut Engine, bytes: &[u8], chunk: usize) -> usize {
                         let take = take.min(*len);
                         assert!(region.write(*offset, &bytes[off + n..off + n + take]));
                         direct_calls += usize::from(take > 0);
+                        direct_bytes += take;
                         n += take;
                     }
                     Scatter::Bytes(b) => {
@@ -244,7 +250,7 @@ fn receive(y: &mut Engine, bytes: &[u8], chunk: usize) -> usize {
         y.rx_received(n);
         off += n;
     }
-    direct_calls
+    (direct_calls, direct_bytes)
 }
 
 /// Sets up a 200,000-byte WRITE from `a` into a fresh MR of `b`; returns the target MR, the
@@ -393,4 +399,160 @@ fn a_read_sink_lost_mid_payload_is_a_terminate_and_the_read_fails() {
     let wcs = statuses(a.qp.take_send_wcs());
     assert!(wcs.len() == 1 && wcs[0].1 != WcStatus::Success, "{wcs:?}");
     assert_eq!(a.qp.state(), QpState::Err);
+}
+
+/// `a` SENDs 200,000 bytes to `b`; returns the bytes `a` queued, and the data.
+fn queued_send(a: &mut Side) -> (Vec<u8>, Vec<u8>) {
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 + 1) as u8).collect();
+    let src = a.qp.register(data.len(), Access::LOCAL_WRITE);
+    assert!(src.region.write(0, &data));
+    a.qp.post_send(signaled(SendWr::send(5, vec![sge(&src, 0, data.len() as u32)])));
+    a.eng.fill_tx();
+    let wire = a.eng.tx_bytes();
+    a.eng.tx_consumed(wire.len());
+    (wire, data)
+}
+
+fn post_recv(b: &Side, wr_id: u64, bufs: &[(&MrInner, u32)]) {
+    b.qp.post_recv(RecvWr {
+        wr_id,
+        sg_list: bufs.iter().map(|(mr, len)| sge(mr, 0, *len)).collect(),
+    });
+}
+
+#[test]
+fn a_large_send_is_received_straight_into_its_receive_buffer() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let rbuf = b.qp.register(256 * 1024, Access::LOCAL_WRITE);
+    post_recv(&b, 9, &[(&rbuf, 256 * 1024)]);
+    let (wire, data) = queued_send(&mut a);
+    assert!(receive(&mut b.eng, &wire, 16 * 1024) >= 9);
+    let wcs = b.qp.take_recv_wcs();
+    assert_eq!(statuses(wcs.clone()), vec![(9, WcStatus::Success)]);
+    assert_eq!(wcs[0].byte_len, 200_000);
+    assert_eq!(&region_bytes(&rbuf)[..200_000], &data[..]);
+    assert_eq!(b.eng.stats.rx_fpdus, 4);
+    assert_eq!(b.eng.stats.rx_placed, 200_000);
+    assert_eq!(b.eng.stats.terminates_sent, 0);
+    // The next SEND (MSN 2) arrives too: the stream is framed, the MSN moved on.
+    post_recv(&b, 10, &[(&rbuf, 64)]);
+    let small = a.qp.register(5, Access::LOCAL_WRITE);
+    assert!(small.region.write(0, b"after"));
+    a.qp.post_send(signaled(SendWr::send(6, vec![sge(&small, 0, 5)])));
+    a.eng.fill_tx();
+    let more = a.eng.tx_bytes();
+    receive(&mut b.eng, &more, 3);
+    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(10, WcStatus::Success)]);
+    assert_eq!(&region_bytes(&rbuf)[..5], b"after");
+}
+
+#[test]
+fn a_send_into_two_receive_sges_places_the_spanning_segment_from_the_buffer() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let (r1, r2) = (
+        b.qp.register(100_000, Access::LOCAL_WRITE),
+        b.qp.register(100_000, Access::LOCAL_WRITE),
+    );
+    post_recv(&b, 9, &[(&r1, 100_000), (&r2, 100_000)]);
+    let (wire, data) = queued_send(&mut a);
+    assert!(receive(&mut b.eng, &wire, 16 * 1024) >= 6);
+    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(9, WcStatus::Success)]);
+    assert_eq!(region_bytes(&r1), &data[..100_000]);
+    assert_eq!(region_bytes(&r2), &data[100_000..]);
+    assert_eq!(b.eng.stats.terminates_sent, 0);
+}
+
+#[test]
+fn a_large_send_without_a_receive_buffer_is_terminated_as_before() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let (wire, _) = queued_send(&mut a);
+    assert_eq!(receive(&mut b.eng, &wire, 16 * 1024), 0);
+    assert_eq!(b.eng.stats.terminates_sent, 1);
+    let why = b.eng.close_reason.clone().unwrap_or_default();
+    assert!(why.contains("arrived with no receive buffer posted"), "{why}");
+    // Too small a buffer: LOC_LEN_ERR and a Terminate, nothing placed.
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let rbuf = b.qp.register(100_000, Access::LOCAL_WRITE);
+    post_recv(&b, 9, &[(&rbuf, 100_000)]);
+    let (wire, _) = queued_send(&mut a);
+    receive(&mut b.eng, &wire, 16 * 1024);
+    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(9, WcStatus::LocLenErr)]);
+    assert_eq!(b.eng.stats.terminates_sent, 1);
+    let why = b.eng.close_reason.clone().unwrap_or_default();
+    assert!(why.contains("does not fit the 100000-byte receive buffer"), "{why}");
+    // The first segment (65,472 bytes) fitted: it is placed; the second is not.
+    assert!(region_bytes(&rbuf)[65_472..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn a_receive_buffer_lost_mid_payload_is_a_terminate_and_the_recv_fails() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let rbuf = b.qp.register(200_000, Access::LOCAL_WRITE);
+    post_recv(&b, 9, &[(&rbuf, 200_000)]);
+    let (wire, _) = queued_send(&mut a);
+    receive(&mut b.eng, &wire[..1000], 1000);
+    let mut parts = Vec::new();
+    b.eng.rx_scatter(&mut parts);
+    assert!(matches!(parts[0], Scatter::Region { .. }), "placing directly");
+    drop(parts);
+    rbuf.region.revoke();
+    b.eng.rx_direct_lost("deregistered in the test");
+    assert_eq!(b.eng.stats.terminates_sent, 1);
+    let why = b.eng.close_reason.clone().unwrap_or_default();
+    assert!(
+        why.contains("receive WR 0x9: its buffer became inaccessible after 0 bytes (deregistered in the test)"),
+        "{why}"
+    );
+    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(9, WcStatus::LocProtErr)]);
+    assert_eq!(b.qp.state(), QpState::Err);
+    // The Terminate reaches the sender: its QP fails.
+    drive(&mut b.eng, &mut a.eng);
+    assert_eq!(a.qp.state(), QpState::Err);
+}
+
+#[test]
+fn a_stream_of_large_sends_is_placed_directly_segment_after_segment() {
+    // Four 1 MiB SENDs in 65,472-byte segments, received in 64 KiB calls. After each directly
+    // placed payload the call's buffer part ends with the next segment's untagged (SEND)
+    // header, so that segment is placed directly too; only each message's 1,024-byte last
+    // segment, and what a call after it reads into the buffer, are copied. (With a tagged
+    // header's window, 4 bytes short, every other segment was copied.)
+    const MSG: usize = 1 << 20;
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    let src = a.qp.register(MSG, Access::LOCAL_WRITE);
+    let data: Vec<u8> = (0..MSG as u32).map(|i| (i * 29 + 11) as u8).collect();
+    assert!(src.region.write(0, &data));
+    let rbuf = b.qp.register(4 * MSG, Access::LOCAL_WRITE);
+    for i in 0..4u64 {
+        b.qp.post_recv(RecvWr {
+            wr_id: 100 + i,
+            sg_list: vec![sge(&rbuf, i as usize * MSG, MSG as u32)],
+        });
+        a.qp.post_send(SendWr::send(i, vec![sge(&src, 0, MSG as u32)]));
+    }
+    let mut wire = Vec::new();
+    for _ in 0..100 {
+        a.eng.fill_tx();
+        let more = a.eng.tx_bytes();
+        if more.is_empty() {
+            break;
+        }
+        a.eng.tx_consumed(more.len());
+        wire.extend_from_slice(&more);
+    }
+    let (_, direct) = receive_counting(&mut b.eng, &wire, 64 * 1024);
+    let copied = 4 * MSG - direct;
+    assert!(
+        copied < 4 * MSG / 8,
+        "{copied} of {} payload bytes were copied",
+        4 * MSG
+    );
+    assert_eq!(
+        statuses(b.qp.take_recv_wcs()),
+        (100..104).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    for i in 0..4 {
+        assert_eq!(&region_bytes(&rbuf)[i * MSG..(i + 1) * MSG], &data[..]);
+    }
+    assert_eq!(b.eng.stats.terminates_sent, 0);
 }
