@@ -11,7 +11,7 @@
 
 mod plain;
 
-pub use plain::{PlainQp, PLAIN_PD};
+pub use plain::{PlainQp, PlainSrq, PLAIN_PD};
 
 use crate::mr::{KeyError, MrInner};
 

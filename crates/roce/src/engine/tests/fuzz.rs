@@ -2,6 +2,7 @@
 //! responder and a requester (proptest), random bytes. Nothing panics, protected memory
 //! never changes, and the engines keep emitting well-formed packets.
 
+use super::app_view::AppMr;
 use super::harness::{pattern, rc_pair, Node, Opts};
 use super::net::{NetCfg, Sim};
 use crate::engine::{RcError, RequestError};
@@ -345,7 +346,7 @@ fn spec() -> impl Strategy<Value = Spec> {
         )
 }
 
-fn build<'a>(node: &Node, s: &Spec, base_psn: u32, mr: &Mr, payload: &'a [u8]) -> RocePacket<'a> {
+fn build<'a>(node: &Node, s: &Spec, base_psn: u32, mr: &AppMr, payload: &'a [u8]) -> RocePacket<'a> {
     let op = RoceOpcode::ALL[s.op];
     let len = if op.has_payload() { s.len } else { 0 };
     let psn = base_psn.wrapping_add(s.psn_delta as i32 as u32) & PSN_MASK;

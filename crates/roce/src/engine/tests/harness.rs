@@ -1,9 +1,11 @@
-//! Test fixtures: a soft-RoCE device, QPs moved through INIT → RTR → RTS with IBTA attribute
-//! rules, and RC pairs with their engines.
+//! Test fixtures: RC pairs of engines on [`PlainQp`] hosts (no device, PD or CQ), their QPs
+//! given the attributes INIT → RTR → RTS would give them.
 
+use super::app_view::{AppMr, AppQp};
 use super::net::Sim;
 use crate::engine::{RcConfig, RcEngine};
-use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+use softrdma_verbs::qp_host::{PlainQp, PlainSrq, PLAIN_PD};
+use softrdma_verbs::qp_state::AttrRules;
 use softrdma_verbs::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +42,26 @@ pub(super) fn device() -> device::DeviceInfo {
         .into_iter()
         .find(|d| d.transport == device::TransportKind::Roce)
         .expect("a soft-RoCE device on lo")
+}
+
+/// Creates an RC or UD QP in RESET.
+pub(super) fn create_qp(pd: &Pd, cq: &Cq, srq: Option<Srq>, qp_type: QpType, max_send_wr: u32) -> Qp {
+    let cap = QpCap {
+        max_send_wr,
+        max_recv_wr: 512,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 128,
+    };
+    let init = QpInitAttr {
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        srq,
+        cap,
+        qp_type,
+        sq_sig_all: false,
+    };
+    Qp::new(pd, init, AttrRules::Ibta).unwrap()
 }
 
 /// IB path MTU enum for a byte count.
@@ -95,22 +117,19 @@ impl Default for Opts {
     }
 }
 
-/// One QP with its verbs objects and engine; completions are collected into `wcs`.
+/// One QP host with its engine; completions are collected into `wcs`.
 pub(super) struct Node {
-    pub pd: Pd,
-    pub cq: Cq,
-    pub qp: Qp,
-    pub srq: Option<Srq>,
+    pub qp: AppQp,
+    pub srq: Option<Arc<PlainSrq>>,
     pub engine: RcEngine,
     pub wcs: Vec<WorkCompletion>,
 }
 
 impl Node {
-    /// Moves new completions from the CQ into `wcs`.
+    /// Moves new completions from the host into `wcs` (sends first, then receives).
     pub fn collect(&mut self) {
-        while let Some(wc) = self.cq.poll_one() {
-            self.wcs.push(wc);
-        }
+        self.wcs.extend(self.qp.inner().take_send_wcs());
+        self.wcs.extend(self.qp.inner().take_recv_wcs());
     }
 
     /// Send-side completions so far.
@@ -133,18 +152,20 @@ impl Node {
         self.recv_wcs().iter().map(|w| (w.wr_id, w.status)).collect()
     }
 
-    /// Registers a zeroed MR of `len` bytes with `access`.
-    pub fn mr(&self, len: usize, access: Access) -> Mr {
-        self.pd.alloc_mr(len, access).unwrap()
+    /// Registers a zeroed region of `len` bytes with `access`.
+    pub fn mr(&self, len: usize, access: Access) -> AppMr {
+        AppMr(self.qp.inner().register(len, access))
+    }
+
+    /// Registers a zeroed region of another protection domain (its key is in the table this
+    /// QP's requests are checked against, as the process's table holds every PD's keys).
+    pub fn mr_of_another_pd(&self, len: usize, access: Access) -> AppMr {
+        AppMr(self.qp.inner().register_in(PLAIN_PD + 1, len, access))
     }
 
     /// Moves the QP to ERR (as the application would) and lets the engine follow.
     pub fn modify_to_error(&mut self, sim: &Sim) {
-        let attr = QpAttr {
-            qp_state: Some(QpState::Err),
-            ..QpAttr::default()
-        };
-        self.qp.modify(&attr, attr_mask::STATE).unwrap();
+        self.qp.inner().set_state(QpState::Err);
         self.engine.sync_state(sim.now);
         self.collect();
     }
@@ -154,42 +175,13 @@ fn is_recv(w: &WorkCompletion) -> bool {
     matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
 }
 
-/// Creates an RC or UD QP in RESET.
-pub(super) fn create_qp(pd: &Pd, cq: &Cq, srq: Option<Srq>, qp_type: QpType, max_send_wr: u32) -> Qp {
-    let cap = QpCap {
-        max_send_wr,
-        max_recv_wr: 512,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 128,
-    };
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq,
-        cap,
-        qp_type,
-        sq_sig_all: false,
-    };
-    Qp::new(pd, init, AttrRules::Ibta).unwrap()
-}
-
-/// INIT → RTR → RTS for an RC QP connected to `dest`.
-fn connect(qp: &Qp, dest: u32, o: &Opts) {
-    let init = QpAttr {
-        qp_state: Some(QpState::Init),
+/// The attributes INIT → RTR → RTS (`ibv_modify_qp` under the IBTA rules) give an RC QP
+/// connected to `dest` with options `o`: PSNs and the QP number masked to 24 bits.
+fn connected_attr(dest: u32, o: &Opts) -> QpAttr {
+    QpAttr {
+        qp_access_flags: o.access,
         pkey_index: 0,
         port_num: 1,
-        qp_access_flags: o.access,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &init,
-        attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | attr_mask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    let rtr = QpAttr {
-        qp_state: Some(QpState::Rtr),
         ah_attr: AhAttr {
             is_global: true,
             port_num: 1,
@@ -197,48 +189,49 @@ fn connect(qp: &Qp, dest: u32, o: &Opts) {
             ..AhAttr::default()
         },
         path_mtu: mtu_enum(o.mtu),
-        dest_qp_num: dest,
-        rq_psn: o.rq_psn,
+        dest_qp_num: dest & 0xff_ffff,
+        rq_psn: o.rq_psn & 0xff_ffff,
         max_dest_rd_atomic: o.ird,
         min_rnr_timer: o.min_rnr_timer,
-        ..QpAttr::default()
-    };
-    qp.modify(&rtr, attr_mask::STATE | attr_mask::RC_RTR_REQUIRED).unwrap();
-    let rts = QpAttr {
-        qp_state: Some(QpState::Rts),
-        sq_psn: o.sq_psn,
+        sq_psn: o.sq_psn & 0xff_ffff,
         timeout: o.timeout,
         retry_cnt: o.retry_cnt,
         rnr_retry: o.rnr_retry,
         max_rd_atomic: o.ord,
         ..QpAttr::default()
+    }
+}
+
+/// QP number of a pair's side `a`.
+const QPN_A: u32 = 0x11;
+/// QP number of a pair's side `b`.
+const QPN_B: u32 = 0x22;
+
+/// One side of a pair: a host in RTS connected to `dest`, and its engine.
+fn node(qpn: u32, dest: u32, o: &Opts) -> Node {
+    let attr = connected_attr(dest, o);
+    let srq = o.srq.then(PlainSrq::new);
+    let host = match &srq {
+        Some(srq) => PlainQp::with_srq(qpn, QpState::Rts, attr, srq.clone()),
+        None => PlainQp::new(qpn, QpState::Rts, attr),
     };
-    qp.modify(&rts, attr_mask::STATE | attr_mask::RC_RTS_REQUIRED).unwrap();
+    let cfg = RcConfig {
+        window: o.window,
+        keepalive: o.keepalive,
+        ..RcConfig::from_qp_attr(qpn, &attr, o.mtu)
+    };
+    let engine = RcEngine::new(host.clone(), cfg);
+    Node {
+        qp: AppQp::new(host, o.max_send_wr),
+        srq,
+        engine,
+        wcs: Vec::new(),
+    }
 }
 
 /// Two connected RC QPs with engines: `a` with `oa`, `b` with `ob` (each side's `rq_psn`
 /// is set to the other's `sq_psn`).
 pub(super) fn rc_pair_with(oa: Opts, ob: Opts) -> (Node, Node) {
-    let ctx = Context::open(&device()).unwrap();
-    let make = |o: &Opts| {
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16384, None).unwrap();
-        let srq = o.srq.then(|| {
-            Srq::new(
-                &pd,
-                SrqAttr {
-                    max_wr: 256,
-                    max_sge: 4,
-                    srq_limit: 0,
-                },
-            )
-            .unwrap()
-        });
-        let qp = create_qp(&pd, &cq, srq.clone(), QpType::Rc, o.max_send_wr);
-        (pd, cq, srq, qp)
-    };
-    let (pa, ca, sa, qa) = make(&oa);
-    let (pb, cb, sb, qb) = make(&ob);
     let oa = Opts {
         rq_psn: ob.sq_psn,
         ..oa
@@ -247,27 +240,7 @@ pub(super) fn rc_pair_with(oa: Opts, ob: Opts) -> (Node, Node) {
         rq_psn: oa.sq_psn,
         ..ob
     };
-    connect(&qa, qb.qpn(), &oa);
-    connect(&qb, qa.qpn(), &ob);
-    let node = |pd: Pd, cq: Cq, srq: Option<Srq>, qp: Qp, o: &Opts| {
-        qp.inner().attach_driver(Arc::new(NoDriver));
-        let (_, attr, _) = qp.query();
-        let cfg = RcConfig {
-            window: o.window,
-            keepalive: o.keepalive,
-            ..RcConfig::from_qp_attr(qp.qpn(), &attr, o.mtu)
-        };
-        let engine = RcEngine::new(qp.inner().clone(), cfg);
-        Node {
-            pd,
-            cq,
-            qp,
-            srq,
-            engine,
-            wcs: Vec::new(),
-        }
-    };
-    (node(pa, ca, sa, qa, &oa), node(pb, cb, sb, qb, &ob))
+    (node(QPN_A, QPN_B, &oa), node(QPN_B, QPN_A, &ob))
 }
 
 /// A pair with the same options on both sides.

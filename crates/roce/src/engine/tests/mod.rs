@@ -1,6 +1,7 @@
-//! Unit tests: real verbs objects on a test device, engines wired back to back through a
+//! Unit tests: engines on `PlainQp` hosts (no device, PD or CQ) wired back to back through a
 //! simulated network (seeded loss, duplication, reordering, delay) with a simulated clock.
 
+mod app_view;
 mod fuzz;
 mod harness;
 mod net;

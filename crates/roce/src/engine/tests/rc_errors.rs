@@ -1,6 +1,7 @@
 //! Protection and length errors: the failed WR gets its status, later WRs flush in order,
 //! both QPs end in ERR, and target memory is never changed by a rejected request.
 
+use super::app_view::AppMr;
 use super::harness::{pattern, rc_pair, rc_pair_with, Node, Opts};
 use super::net::{NetCfg, Sim};
 use crate::engine::{RcError, RequestError};
@@ -17,7 +18,7 @@ fn all() -> Access {
 
 /// Posts `wr` and a SEND after it; expects `status` on `wr`, a flush for the SEND, both QPs
 /// in ERR and `remote` unchanged. Returns the pair for further checks.
-fn expect_remote_error(mut a: Node, mut b: Node, remote: &Mr, wr: SendWr, status: WcStatus) -> (Node, Node) {
+fn expect_remote_error(mut a: Node, mut b: Node, remote: &AppMr, wr: SendWr, status: WcStatus) -> (Node, Node) {
     let mut sim = Sim::new(NetCfg::default(), 11);
     let before = remote.to_vec();
     let id = wr.wr_id;
@@ -75,8 +76,7 @@ fn multi_packet_write_out_of_bounds_changes_nothing() {
 fn write_to_other_pd_or_without_remote_write() {
     let (a, b) = rc_pair(Opts::default());
     let src = a.mr(64, Access::LOCAL_WRITE);
-    let other_pd = b.pd.context().alloc_pd().unwrap();
-    let foreign = other_pd.alloc_mr(64, all()).unwrap();
+    let foreign = b.mr_of_another_pd(64, all());
     let wr = SendWr::write(5, vec![src.sge(0, 64)], foreign.addr(), foreign.rkey());
     expect_remote_error(a, b, &foreign, wr, WcStatus::RemAccessErr);
 

@@ -1,6 +1,7 @@
 //! Recovery paths, each provoked precisely: sequence NAK and go-back-N, RNR NAK and its
 //! retries, ACK timeouts against a dead peer, duplicate READ replay and duplicate atomics.
 
+use super::app_view::AppMr;
 use super::harness::{pattern, rc_pair, timeout_of, Node, Opts};
 use super::net::{NetCfg, Sim};
 use crate::engine::{rnr_timer, RcError};
@@ -16,7 +17,7 @@ fn all() -> Access {
 
 /// B's `len`-byte MR filled with `pattern(len, seed)` and A's sink of the same size, with A's
 /// READ (wr_id 1) of all of it posted. Returns (remote, sink).
-fn post_whole_read(a: &Node, b: &Node, len: usize, seed: u8) -> (Mr, Mr) {
+fn post_whole_read(a: &Node, b: &Node, len: usize, seed: u8) -> (AppMr, AppMr) {
     let remote = b.mr(len, all());
     remote.write(0, &pattern(len, seed)).unwrap();
     let sink = a.mr(len, Access::LOCAL_WRITE);
@@ -440,7 +441,7 @@ fn replayed_read_ends_the_stale_response_stream() {
 /// `softrdma soak`'s "the server disconnects after its ACK" ending, reduced to two engines: A
 /// READs 6 packets (the 2nd response is lost) and SENDs an END; B moves its QP to ERR as soon
 /// as the END is received (the server's `rdma_disconnect`). Returns A's completions.
-fn read_then_end_then_responder_err(fence: bool) -> (Vec<(u64, WcStatus)>, Mr, RcStatsView) {
+fn read_then_end_then_responder_err(fence: bool) -> (Vec<(u64, WcStatus)>, AppMr, RcStatsView) {
     let o = Opts {
         mtu: 256,
         timeout: 8, // 1 ms

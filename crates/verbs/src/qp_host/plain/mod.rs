@@ -4,6 +4,17 @@
 //! live in the QP's own table (checked by the same rules as the process's table:
 //! [`mr::local_match`], [`mr::remote_match`]). An engine test posts work, moves packets or bytes
 //! between two engines itself, and reads what completed; nothing runs in the background.
+//!
+//! The QP behaves as a real one with its transport driver attached (an engine serves it):
+//! posting to it in ERR queues the WR for the engine to flush, as `Qp::post_send` does then.
+//! After [`PlainQp::detach`] (the driver dropped its engine) posts in ERR flush at once.
+
+mod post;
+#[cfg(test)]
+mod post_tests;
+mod srq;
+
+pub use srq::PlainSrq;
 
 use super::{KeyMatch, QpHost};
 use crate::async_event::AsyncEventKind;
@@ -11,8 +22,9 @@ use crate::memory::MemRegion;
 use crate::mr::{self, KeyError, MrInner};
 use crate::qp::{QpAttr, SendWqe};
 use crate::qp_state::QpState;
-use crate::wr::{Access, MwBind, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::{Access, MwBind, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The protection domain every [`PlainQp::register`]ed region belongs to.
@@ -22,6 +34,7 @@ pub const PLAIN_PD: u64 = 1;
 #[derive(Debug)]
 pub struct PlainQp {
     qpn: u32,
+    srq: Option<Arc<PlainSrq>>,
     inner: Mutex<Plain>,
 }
 
@@ -31,28 +44,54 @@ struct Plain {
     attr: QpAttr,
     sq: VecDeque<SendWqe>,
     rq: VecDeque<RecvWr>,
+    /// Send WRs posted and not yet completed (a real QP's send-queue slots).
+    sends_outstanding: u32,
+    /// An engine serves the QP (false after [`PlainQp::detach`]).
+    served: bool,
     send_wcs: Vec<WorkCompletion>,
     recv_wcs: Vec<WorkCompletion>,
     events: Vec<AsyncEventKind>,
     keys: HashMap<u32, Arc<MrInner>>,
-    next_key: u32,
+}
+
+/// Keys unique in the process, as the process's table's are: a key of one [`PlainQp`] never
+/// names a region of another by accident.
+fn next_key() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0x100);
+    loop {
+        let key = NEXT.fetch_add(0x100, Ordering::Relaxed);
+        if key != 0 {
+            return key;
+        }
+    }
 }
 
 impl PlainQp {
     /// QP `qpn` in `state` with attributes `attr` (the engine's configuration is separate).
     pub fn new(qpn: u32, state: QpState, attr: QpAttr) -> Arc<PlainQp> {
+        PlainQp::build(qpn, state, attr, None)
+    }
+
+    /// Like [`PlainQp::new`], taking its receive WRs from `srq` (shared with other QPs).
+    pub fn with_srq(qpn: u32, state: QpState, attr: QpAttr, srq: Arc<PlainSrq>) -> Arc<PlainQp> {
+        PlainQp::build(qpn, state, attr, Some(srq))
+    }
+
+    fn build(qpn: u32, state: QpState, attr: QpAttr, srq: Option<Arc<PlainSrq>>) -> Arc<PlainQp> {
         Arc::new(PlainQp {
             qpn,
+            srq,
             inner: Mutex::new(Plain {
                 state,
                 attr,
                 sq: VecDeque::new(),
                 rq: VecDeque::new(),
+                sends_outstanding: 0,
+                served: true,
                 send_wcs: Vec::new(),
                 recv_wcs: Vec::new(),
                 events: Vec::new(),
                 keys: HashMap::new(),
-                next_key: 0x100,
             }),
         })
     }
@@ -61,21 +100,26 @@ impl PlainQp {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets the state (as `modify_qp` would, without its checks).
+    /// Sets the state (as `modify_qp` would, without its checks; its transport then syncs).
     pub fn set_state(&self, state: QpState) {
         self.lock().state = state;
     }
 
     /// A zeroed region of `len` bytes in [`PLAIN_PD`] with `access`; its lkey and rkey are
-    /// equal and unique in this QP's table.
+    /// equal and unique in the process.
     pub fn register(&self, len: usize, access: Access) -> Arc<MrInner> {
+        self.register_in(PLAIN_PD, len, access)
+    }
+
+    /// Like [`PlainQp::register`], in protection domain `pd` instead: the process's table
+    /// holds every PD's keys, so a request naming one of another PD finds it and is refused
+    /// ([`KeyError::WrongPd`]).
+    pub fn register_in(&self, pd: u64, len: usize, access: Access) -> Arc<MrInner> {
         let region = MemRegion::allocate(len);
-        let mut p = self.lock();
-        let key = p.next_key;
-        p.next_key = p.next_key.wrapping_add(0x100);
+        let key = next_key();
         let iova = region.addr();
-        let mr = Arc::new(MrInner::region(key, PLAIN_PD, iova, access, region));
-        p.keys.insert(key, mr.clone());
+        let mr = Arc::new(MrInner::region(key, pd, iova, access, region));
+        self.lock().keys.insert(key, mr.clone());
         mr
     }
 
@@ -84,20 +128,23 @@ impl PlainQp {
         self.lock().keys.remove(&key);
     }
 
-    /// Queues a send WR (signaled if it asks to be). Inline data is not copied: an engine
-    /// reads the SGEs.
-    pub fn post_send(&self, wr: SendWr) {
-        let signaled = wr.flags.contains(SendFlags::SIGNALED);
-        self.lock().sq.push_back(SendWqe {
-            wr,
-            inline: None,
-            signaled,
-        });
+    /// Send WRs posted and not yet completed or retired (`QpInner::sends_outstanding`).
+    pub fn sends_outstanding(&self) -> u32 {
+        self.lock().sends_outstanding
     }
 
-    /// Queues a receive WR.
-    pub fn post_recv(&self, wr: RecvWr) {
-        self.lock().rq.push_back(wr);
+    /// The engine is gone (as `QpInner::detach_driver`): in ERR, what is queued flushes now,
+    /// and later posts flush at once.
+    pub fn detach(&self) {
+        let (sends, recvs) = {
+            let mut p = self.lock();
+            p.served = false;
+            if p.state != QpState::Err {
+                return;
+            }
+            (p.sq.drain(..).collect(), p.rq.drain(..).collect())
+        };
+        self.flush(sends, recvs);
     }
 
     /// Send-side completions so far, taken.
@@ -138,12 +185,17 @@ impl QpHost for PlainQp {
     }
 
     fn take_recv(&self) -> Option<RecvWr> {
-        self.lock().rq.pop_front()
+        match &self.srq {
+            Some(srq) => srq.take(),
+            None => self.lock().rq.pop_front(),
+        }
     }
 
     fn complete_send(&self, wc: WorkCompletion, signaled: bool) {
+        let mut p = self.lock();
+        p.sends_outstanding = p.sends_outstanding.saturating_sub(1);
         if signaled || wc.status != WcStatus::Success {
-            self.lock().send_wcs.push(wc);
+            p.send_wcs.push(wc);
         }
     }
 
@@ -153,7 +205,12 @@ impl QpHost for PlainQp {
 
     fn enter_error(&self) -> (Vec<SendWqe>, Vec<RecvWr>) {
         let mut p = self.lock();
+        let entered = p.state != QpState::Err;
         p.state = QpState::Err;
+        // A QP on an SRQ takes no more WQEs from it (as QpInner reports it).
+        if entered && self.srq.is_some() {
+            p.events.push(AsyncEventKind::QpLastWqeReached);
+        }
         (p.sq.drain(..).collect(), p.rq.drain(..).collect())
     }
 
@@ -208,7 +265,7 @@ impl QpHost for PlainQp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wr::Sge;
+    use crate::wr::{SendFlags, SendWr, Sge};
 
     #[test]
     fn keys_follow_the_process_tables_rules() {
