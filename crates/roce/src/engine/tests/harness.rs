@@ -5,64 +5,9 @@ use super::app_view::{AppMr, AppQp};
 use super::net::Sim;
 use crate::engine::{RcConfig, RcEngine};
 use softrdma_verbs::qp_host::{PlainQp, PlainSrq, PLAIN_PD};
-use softrdma_verbs::qp_state::AttrRules;
 use softrdma_verbs::*;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A driver that does nothing (the tests drive the engines), so that moving a QP to ERR
-/// leaves the flush to the engine.
-#[derive(Debug)]
-pub(super) struct NoDriver;
-impl QpDriver for NoDriver {
-    fn kick(&self) {}
-}
-
-/// The `rxe_lo` device over a synthetic loopback interface.
-pub(super) fn device() -> device::DeviceInfo {
-    let lo = device::NetIf {
-        name: "lo".into(),
-        index: 1,
-        flags: device::IfFlags {
-            up: true,
-            running: true,
-            loopback: true,
-        },
-        addrs: vec![device::IfAddr {
-            ip: "127.0.0.1".parse().unwrap(),
-            prefix_len: 8,
-            scope_id: 0,
-        }],
-        mtu: 65536,
-        mac: [0; 6],
-        speed_mbps: None,
-    };
-    device::devices_from(&[lo], None)
-        .unwrap()
-        .into_iter()
-        .find(|d| d.transport == device::TransportKind::Roce)
-        .expect("a soft-RoCE device on lo")
-}
-
-/// Creates an RC or UD QP in RESET.
-pub(super) fn create_qp(pd: &Pd, cq: &Cq, srq: Option<Srq>, qp_type: QpType, max_send_wr: u32) -> Qp {
-    let cap = QpCap {
-        max_send_wr,
-        max_recv_wr: 512,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 128,
-    };
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq,
-        cap,
-        qp_type,
-        sq_sig_all: false,
-    };
-    Qp::new(pd, init, AttrRules::Ibta).unwrap()
-}
 
 /// IB path MTU enum for a byte count.
 pub(super) fn mtu_enum(mtu: usize) -> u8 {

@@ -1,70 +1,62 @@
 //! UD: datagrams with DETH and immediates, the GRH written into receive buffers (IPv4 and
-//! IPv6), Q_Key checks, length errors.
+//! IPv6), Q_Key checks, length errors; on PlainQp hosts (the UD engine reaches its QP only
+//! through `QpHost`, and takes its source and destination addresses from the caller).
 
-use super::harness::{create_qp, device, pattern};
+use super::app_view::{AppMr, AppQp};
+use super::harness::pattern;
 use crate::engine::{UdConfig, UdEngine, UdSource, GRH_LEN};
-use softrdma_verbs::qp_state::attr_mask;
+use softrdma_verbs::qp_host::PlainQp;
 use softrdma_verbs::wr::wc_flags;
 use softrdma_verbs::*;
 use softrdma_wire::roce::{RoceOpcode, RocePacket, DEFAULT_PKEY};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 use std::time::Instant;
 
 const QKEY: u32 = 0x1111_2222;
 
+/// A UD QP host in RTS with its engine.
 struct UdNode {
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
+    qp: AppQp,
     engine: UdEngine,
 }
 
 impl UdNode {
+    /// Completions so far, taken (sends first, then receives).
     fn wcs(&self) -> Vec<WorkCompletion> {
-        std::iter::from_fn(|| self.cq.poll_one()).collect()
+        let mut wcs = self.qp.inner().take_send_wcs();
+        wcs.extend(self.qp.inner().take_recv_wcs());
+        wcs
+    }
+
+    /// Registers a zeroed region of `len` bytes with `access`.
+    fn mr(&self, len: usize, access: Access) -> AppMr {
+        AppMr(self.qp.inner().register(len, access))
     }
 }
 
-fn ud_node(ctx: &Context, qkey: u32) -> UdNode {
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, None).unwrap();
-    let qp = create_qp(&pd, &cq, None, QpType::Ud, 64);
-    let init = QpAttr {
-        qp_state: Some(QpState::Init),
+/// A UD QP in RTS with Q_Key `qkey`, as INIT (port 1, P_Key index 0) → RTR → RTS leaves it.
+fn ud_node(qpn: u32, qkey: u32) -> UdNode {
+    let attr = QpAttr {
         port_num: 1,
         qkey,
         ..QpAttr::default()
     };
-    qp.modify(
-        &init,
-        attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | attr_mask::QKEY,
-    )
-    .unwrap();
-    let rtr = QpAttr {
-        qp_state: Some(QpState::Rtr),
-        ..QpAttr::default()
-    };
-    qp.modify(&rtr, attr_mask::STATE).unwrap();
-    let rts = QpAttr {
-        qp_state: Some(QpState::Rts),
-        ..QpAttr::default()
-    };
-    qp.modify(&rts, attr_mask::STATE | attr_mask::SQ_PSN).unwrap();
-    qp.inner().attach_driver(Arc::new(super::harness::NoDriver));
+    let host = PlainQp::new(qpn, QpState::Rts, attr);
     let cfg = UdConfig {
-        local_qpn: qp.qpn(),
+        local_qpn: qpn,
         qkey,
         pkey: DEFAULT_PKEY,
         mtu: 1024,
     };
-    let engine = UdEngine::new(qp.inner().clone(), cfg);
-    UdNode { pd, cq, qp, engine }
+    let engine = UdEngine::new(host.clone(), cfg);
+    UdNode {
+        qp: AppQp::new(host, 64),
+        engine,
+    }
 }
 
 fn pair() -> (UdNode, UdNode) {
-    let ctx = Context::open(&device()).unwrap();
-    (ud_node(&ctx, QKEY), ud_node(&ctx, QKEY))
+    (ud_node(0x31, QKEY), ud_node(0x32, QKEY))
 }
 
 fn dest(to: &UdNode, qkey: u32) -> UdDest {
@@ -118,9 +110,9 @@ fn ones_complement_sum(b: &[u8]) -> u16 {
 #[test]
 fn send_with_imm_and_ipv4_grh() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(1024, Access::LOCAL_WRITE).unwrap();
+    let src = a.mr(1024, Access::LOCAL_WRITE);
     src.write(0, &pattern(1024, 3)).unwrap();
-    let buf = b.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    let buf = b.mr(2048, Access::LOCAL_WRITE);
     b.qp.post_recv(&[RecvWr {
         wr_id: 5,
         sg_list: vec![buf.sge(0, 30), buf.sge(30, 2000)],
@@ -164,9 +156,9 @@ fn send_with_imm_and_ipv4_grh() {
 #[test]
 fn ipv6_grh() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let src = a.mr(64, Access::LOCAL_WRITE);
     src.write(0, b"datagram").unwrap();
-    let buf = b.pd.alloc_mr(128, Access::LOCAL_WRITE).unwrap();
+    let buf = b.mr(128, Access::LOCAL_WRITE);
     b.qp.post_recv_one(1, buf.sge(0, 128)).unwrap();
     let mut wr = SendWr::send(1, vec![src.sge(0, 8)]);
     wr.ud = Some(dest(&b, QKEY));
@@ -200,8 +192,8 @@ fn ipv6_grh() {
 #[test]
 fn qkey_checks_and_drops() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    let buf = b.pd.alloc_mr(256, Access::LOCAL_WRITE).unwrap();
+    let src = a.mr(64, Access::LOCAL_WRITE);
+    let buf = b.mr(256, Access::LOCAL_WRITE);
     // No receive WR posted: dropped.
     let mut wr = SendWr::send(1, vec![src.sge(0, 8)]);
     wr.ud = Some(dest(&b, QKEY));
@@ -238,7 +230,7 @@ fn qkey_checks_and_drops() {
 #[test]
 fn datagram_larger_than_mtu_fails_and_flushes() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    let src = a.mr(2048, Access::LOCAL_WRITE);
     let mut big = SendWr::send(1, vec![src.sge(0, 1025)]);
     big.ud = Some(dest(&b, QKEY));
     let mut small = SendWr::send(2, vec![src.sge(0, 10)]);
@@ -255,7 +247,7 @@ fn datagram_larger_than_mtu_fails_and_flushes() {
 #[test]
 fn rc_packets_are_not_ud_and_err_flushes_receives() {
     let (_a, mut b) = pair();
-    let buf = b.pd.alloc_mr(256, Access::LOCAL_WRITE).unwrap();
+    let buf = b.mr(256, Access::LOCAL_WRITE);
     b.qp.post_recv_one(3, buf.sge(0, 256)).unwrap();
     let mut bth = softrdma_wire::roce::Bth::new(RoceOpcode::RcSendOnly, b.qp.qpn(), 0);
     bth.pad_count = 0;
@@ -265,11 +257,8 @@ fn rc_packets_are_not_ud_and_err_flushes_receives() {
     };
     b.engine.handle_packet(Instant::now(), &pkt, &v4_source());
     assert_eq!(b.engine.stats().rx_dropped_invalid, 1);
-    let attr = QpAttr {
-        qp_state: Some(QpState::Err),
-        ..QpAttr::default()
-    };
-    b.qp.modify(&attr, attr_mask::STATE).unwrap();
+    // The application moves the QP to ERR.
+    b.qp.inner().set_state(QpState::Err);
     b.engine.sync_state(Instant::now());
     assert_eq!(
         b.wcs().iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
