@@ -29,6 +29,8 @@ mod plain_host_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod with_device_tests;
+#[cfg(test)]
 mod zero_copy_tests;
 
 use inflight::Inflight;

@@ -66,7 +66,7 @@ pub(super) fn signaled(mut wr: SendWr) -> SendWr {
     wr
 }
 
-fn bytes(mr: &MrInner) -> Vec<u8> {
+pub(super) fn bytes(mr: &MrInner) -> Vec<u8> {
     let mut v = vec![0u8; mr.region.len()];
     assert!(mr.region.read(0, &mut v), "a live region reads");
     v

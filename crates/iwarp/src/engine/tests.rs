@@ -1,86 +1,37 @@
-//! Two engines wired back to back, no sockets: every data-path and error case.
+//! Two engines on [`PlainQp`] hosts wired back to back, no sockets, no device, PD or CQ:
+//! every data-path and error case.
 
+use super::plain_host_tests::{bytes, sge, statuses};
 use super::{Engine, EngineConfig, Phase, Rtr};
-use softrdma_verbs::qp_state::{attr_mask, AttrRules};
+use softrdma_verbs::mr::MrInner;
+use softrdma_verbs::qp_host::{PlainQp, PlainSrq, PLAIN_PD};
 use softrdma_verbs::*;
 use std::sync::Arc;
 
-#[derive(Debug)]
-struct NoDriver;
-impl QpDriver for NoDriver {
-    fn kick(&self) {}
-}
-
+/// A QP host in RTS (as `connect_established` leaves it: ORD and IRD 4) and its engine.
 struct Side {
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
+    qp: Arc<PlainQp>,
     engine: Engine,
 }
 
-fn device() -> device::DeviceInfo {
-    let lo = device::NetIf {
-        name: "lo".into(),
-        index: 1,
-        flags: device::IfFlags {
-            up: true,
-            running: true,
-            loopback: true,
-        },
-        addrs: vec![device::IfAddr {
-            ip: "127.0.0.1".parse().unwrap(),
-            prefix_len: 8,
-            scope_id: 0,
-        }],
-        mtu: 65536,
-        mac: [0; 6],
-        speed_mbps: None,
-    };
-    device::devices_from(&[lo], None).unwrap().remove(0)
-}
-
-fn side(initiator: bool, srq: bool, access: Access) -> (Side, Option<Srq>) {
+fn side(initiator: bool, srq: bool, access: Access) -> (Side, Option<Arc<PlainSrq>>) {
     side_rtr(initiator, srq, access, None)
 }
 
-fn side_rtr(initiator: bool, srq: bool, access: Access, rtr: Option<Rtr>) -> (Side, Option<Srq>) {
-    let ctx = Context::open(&device()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, None).unwrap();
-    let srq = srq.then(|| {
-        Srq::new(
-            &pd,
-            SrqAttr {
-                max_wr: 16,
-                max_sge: 2,
-                srq_limit: 0,
-            },
-        )
-        .unwrap()
-    });
-    let cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 4,
-        max_recv_sge: 4,
-        max_inline_data: 64,
-    };
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
-        srq: srq.clone(),
-        cap,
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
-    let qp = Qp::new(&pd, init, AttrRules::Iwarp).unwrap();
+fn side_rtr(initiator: bool, srq: bool, access: Access, rtr: Option<Rtr>) -> (Side, Option<Arc<PlainSrq>>) {
     let attr = QpAttr {
-        qp_state: Some(QpState::Init),
         qp_access_flags: access,
+        port_num: 1,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
         ..QpAttr::default()
     };
-    qp.modify(&attr, attr_mask::STATE | attr_mask::ACCESS_FLAGS).unwrap();
-    qp.inner().connect_established(Arc::new(NoDriver), 4, 4).unwrap();
+    let qpn = if initiator { 3 } else { 4 };
+    let srq = srq.then(PlainSrq::new);
+    let qp = match &srq {
+        Some(srq) => PlainQp::with_srq(qpn, QpState::Rts, attr, srq.clone()),
+        None => PlainQp::new(qpn, QpState::Rts, attr),
+    };
     let cfg = EngineConfig {
         crc: true,
         ird: 4,
@@ -88,12 +39,12 @@ fn side_rtr(initiator: bool, srq: bool, access: Access, rtr: Option<Rtr>) -> (Si
         initiator,
         rtr,
     };
-    let mut engine = Engine::new(qp.inner().clone(), cfg);
+    let mut engine = Engine::new(qp.clone(), cfg);
     if initiator && rtr.is_none() {
         // The driver's hold after the MPA Reply (handshake::RTR_DELAY) has passed.
         engine.release_tx();
     }
-    (Side { pd, cq, qp, engine }, srq)
+    (Side { qp, engine }, srq)
 }
 
 fn pair() -> (Side, Side) {
@@ -141,8 +92,33 @@ fn pump(a: &mut Side, b: &mut Side) -> usize {
     moved
 }
 
-fn polls(cq: &Cq) -> Vec<WorkCompletion> {
-    std::iter::from_fn(|| cq.poll_one()).collect()
+/// The completions `qp` reported since the last call: sends, then receives.
+fn polls(qp: &PlainQp) -> Vec<WorkCompletion> {
+    let mut wcs = qp.take_send_wcs();
+    wcs.extend(qp.take_recv_wcs());
+    wcs
+}
+
+/// Posts `wrs` in order.
+fn post_all(qp: &PlainQp, wrs: impl IntoIterator<Item = SendWr>) {
+    for wr in wrs {
+        qp.post_send(wr);
+    }
+}
+
+/// Posts `wrs` in order.
+fn post_recvs(qp: &PlainQp, wrs: impl IntoIterator<Item = RecvWr>) {
+    for wr in wrs {
+        qp.post_recv(wr);
+    }
+}
+
+/// A receive WR of one SGE.
+fn recv(wr_id: u64, sge: Sge) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: vec![sge],
+    }
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -155,25 +131,26 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn send_recv_multi_segment_and_sges() {
     let (mut a, mut b) = pair();
     let len = 200_000;
-    let src = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
-    src.write(0, &pattern(len, 3)).unwrap();
-    let dst = b.pd.alloc_mr(len + 10, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 7,
-        sg_list: vec![dst.sge(0, 100_000), dst.sge(100_000, 100_010)],
-    }])
-    .unwrap();
-    a.qp.post_send_one(SendWr::send(1, vec![src.sge(0, 150_000), src.sge(150_000, 50_000)]))
-        .unwrap();
+    let src = a.qp.register(len, Access::LOCAL_WRITE);
+    assert!(src.region.write(0, &pattern(len, 3)));
+    let dst = b.qp.register(len + 10, Access::LOCAL_WRITE);
+    post_recvs(
+        &b.qp,
+        [RecvWr {
+            wr_id: 7,
+            sg_list: vec![sge(&dst, 0, 100_000), sge(&dst, 100_000, 100_010)],
+        }],
+    );
+    a.qp.post_send(SendWr::send(1, vec![sge(&src, 0, 150_000), sge(&src, 150_000, 50_000)]));
     pump(&mut a, &mut b);
-    let rc = polls(&b.cq);
+    let rc = polls(&b.qp);
     assert_eq!(rc.len(), 1);
     assert_eq!(
         (rc[0].wr_id, rc[0].status, rc[0].opcode, rc[0].byte_len),
         (7, WcStatus::Success, WcOpcode::Recv, len as u32)
     );
-    assert_eq!(&dst.to_vec()[..len], &pattern(len, 3)[..]);
-    let sc = polls(&a.cq);
+    assert_eq!(&bytes(&dst)[..len], &pattern(len, 3)[..]);
+    let sc = polls(&a.qp);
     assert_eq!(sc.len(), 1, "{sc:?}");
     assert_eq!(
         (sc[0].wr_id, sc[0].status, sc[0].opcode),
@@ -185,31 +162,28 @@ fn send_recv_multi_segment_and_sges() {
 fn write_then_read_back_one_mib() {
     let (mut a, mut b) = pair();
     let len = 1 << 20;
-    let local = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
-    local.write(0, &pattern(len, 9)).unwrap();
+    let local = a.qp.register(len, Access::LOCAL_WRITE);
+    assert!(local.region.write(0, &pattern(len, 9)));
     let remote =
-        b.pd.alloc_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
-            .unwrap();
-    a.qp.post_send_one(SendWr::write(
+        b.qp.register(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
+    a.qp.post_send(SendWr::write(
         1,
-        vec![local.sge(0, len as u32)],
-        remote.addr(),
-        remote.rkey(),
-    ))
-    .unwrap();
+        vec![sge(&local, 0, len as u32)],
+        remote.region.addr(),
+        remote.rkey,
+    ));
     pump(&mut a, &mut b);
-    assert_eq!(remote.to_vec(), pattern(len, 9));
-    let back = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
-    a.qp.post_send_one(SendWr::read(
+    assert_eq!(bytes(&remote), pattern(len, 9));
+    let back = a.qp.register(len, Access::LOCAL_WRITE);
+    a.qp.post_send(SendWr::read(
         2,
-        vec![back.sge(0, len as u32)],
-        remote.addr(),
-        remote.rkey(),
-    ))
-    .unwrap();
+        vec![sge(&back, 0, len as u32)],
+        remote.region.addr(),
+        remote.rkey,
+    ));
     pump(&mut a, &mut b);
-    assert_eq!(back.to_vec(), pattern(len, 9));
-    let wcs = polls(&a.cq);
+    assert_eq!(bytes(&back), pattern(len, 9));
+    let wcs = polls(&a.qp);
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
     assert_eq!(
         got,
@@ -226,22 +200,22 @@ fn write_then_read_back_one_mib() {
 /// behind it. A failing READ completes with the Terminate's status and the SEND behind it
 /// flushes; a failing WRITE had completed (successfully) when the socket took its bytes, as
 /// on Linux siw, and so had the SEND. Work posted afterwards flushes.
-fn expect_remote_error(mut a: Side, mut b: Side, remote: &Mr, wr: SendWr, want: [WcStatus; 2]) {
-    let before = remote.to_vec();
+fn expect_remote_error(mut a: Side, mut b: Side, remote: &MrInner, wr: SendWr, want: [WcStatus; 2]) {
+    let before = bytes(remote);
     let id = wr.wr_id;
-    a.qp.post_send(&[wr, SendWr::send(99, vec![])]).unwrap();
+    post_all(&a.qp, [wr, SendWr::send(99, vec![])]);
     pump(&mut a, &mut b);
-    let wcs = polls(&a.cq);
+    let wcs = polls(&a.qp);
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(id, want[0]), (99, want[1])]);
     if want[0] != WcStatus::Success {
         assert_ne!(wcs[0].vendor_err, 0);
     }
-    assert_eq!(remote.to_vec(), before, "target memory changed");
+    assert_eq!(bytes(remote), before, "target memory changed");
     // As the driver does once the engine closed.
-    a.qp.inner().detach_driver();
-    a.qp.post_send_one(SendWr::send(100, vec![])).unwrap();
-    let late: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    a.qp.detach();
+    a.qp.post_send(SendWr::send(100, vec![]));
+    let late: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(late, vec![(100, WcStatus::WrFlushErr)]);
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(b.qp.state(), QpState::Err);
@@ -253,113 +227,113 @@ fn expect_remote_error(mut a: Side, mut b: Side, remote: &Mr, wr: SendWr, want: 
 #[test]
 fn write_with_bad_rkey_is_remote_access_error() {
     let (a, b) = pair();
-    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    src.write(0, &[0xAA; 64]).unwrap();
-    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    let wr = SendWr::write(5, vec![src.sge(0, 64)], remote.addr(), remote.rkey() ^ 0x100);
+    let src = a.qp.register(64, Access::LOCAL_WRITE);
+    assert!(src.region.write(0, &[0xAA; 64]));
+    let remote = b.qp.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let wr = SendWr::write(5, vec![sge(&src, 0, 64)], remote.region.addr(), remote.rkey ^ 0x100);
     expect_remote_error(a, b, &remote, wr, [WcStatus::Success, WcStatus::Success]);
 }
 
 #[test]
 fn write_out_of_bounds_is_remote_access_error() {
     let (a, b) = pair();
-    let src = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
-    let remote = b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    let wr = SendWr::write(5, vec![src.sge(0, 4096)], remote.addr() + 100, remote.rkey());
+    let src = a.qp.register(4096, Access::LOCAL_WRITE);
+    let remote = b.qp.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let wr = SendWr::write(5, vec![sge(&src, 0, 4096)], remote.region.addr() + 100, remote.rkey);
     expect_remote_error(a, b, &remote, wr, [WcStatus::Success, WcStatus::Success]);
 }
 
 #[test]
 fn write_without_remote_write_flag_is_remote_access_error() {
     let (a, b) = pair();
-    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
-    let wr = SendWr::write(5, vec![src.sge(0, 64)], remote.addr(), remote.rkey());
+    let src = a.qp.register(64, Access::LOCAL_WRITE);
+    let remote = b.qp.register(64, Access::LOCAL_WRITE | Access::REMOTE_READ);
+    let wr = SendWr::write(5, vec![sge(&src, 0, 64)], remote.region.addr(), remote.rkey);
     expect_remote_error(a, b, &remote, wr, [WcStatus::Success, WcStatus::Success]);
 }
 
 #[test]
 fn write_to_deregistered_and_foreign_pd_mr_fails() {
     let (a, b) = pair();
-    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    let gone = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    let (addr, rkey) = (gone.addr(), gone.rkey());
-    gone.dereg().unwrap();
+    let src = a.qp.register(64, Access::LOCAL_WRITE);
+    let remote = b.qp.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let gone = b.qp.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (addr, rkey) = (gone.region.addr(), gone.rkey);
+    b.qp.deregister(gone.lkey);
     expect_remote_error(
         a,
         b,
         &remote,
-        SendWr::write(5, vec![src.sge(0, 64)], addr, rkey),
+        SendWr::write(5, vec![sge(&src, 0, 64)], addr, rkey),
         [WcStatus::Success, WcStatus::Success],
     );
 
     let (a, b) = pair();
-    let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    let other_pd = b.pd.context().alloc_pd().unwrap();
-    let foreign = other_pd
-        .alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let wr = SendWr::write(5, vec![src.sge(0, 64)], foreign.addr(), foreign.rkey());
+    let src = a.qp.register(64, Access::LOCAL_WRITE);
+    let foreign =
+        b.qp.register_in(PLAIN_PD + 1, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let wr = SendWr::write(5, vec![sge(&src, 0, 64)], foreign.region.addr(), foreign.rkey);
     expect_remote_error(a, b, &foreign, wr, [WcStatus::Success, WcStatus::Success]);
 }
 
 #[test]
 fn read_errors_are_remote_access_errors() {
     let (a, b) = pair();
-    let sink = a.pd.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
-    let remote = b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let sink = a.qp.register(8192, Access::LOCAL_WRITE);
+    let remote = b.qp.register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ);
     // Larger than the MR.
-    let wr = SendWr::read(5, vec![sink.sge(0, 8192)], remote.addr(), remote.rkey());
+    let wr = SendWr::read(5, vec![sge(&sink, 0, 8192)], remote.region.addr(), remote.rkey);
     expect_remote_error(a, b, &remote, wr, [WcStatus::RemAccessErr, WcStatus::WrFlushErr]);
     let (a, b) = pair();
-    let sink = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    let remote = b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let sink = a.qp.register(64, Access::LOCAL_WRITE);
+    let remote = b.qp.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     // No REMOTE_READ.
-    let wr = SendWr::read(6, vec![sink.sge(0, 64)], remote.addr(), remote.rkey());
+    let wr = SendWr::read(6, vec![sge(&sink, 0, 64)], remote.region.addr(), remote.rkey);
     expect_remote_error(a, b, &remote, wr, [WcStatus::RemAccessErr, WcStatus::WrFlushErr]);
 }
 
 #[test]
 fn recv_too_small_is_loc_len_err_and_rem_inv_req() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(100, Access::LOCAL_WRITE).unwrap();
-    let dst = b.pd.alloc_mr(50, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&[
-        RecvWr {
-            wr_id: 1,
-            sg_list: vec![dst.sge(0, 50)],
-        },
-        RecvWr {
-            wr_id: 2,
-            sg_list: vec![dst.sge(0, 50)],
-        },
-    ])
-    .unwrap();
-    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 100)])).unwrap();
+    let src = a.qp.register(100, Access::LOCAL_WRITE);
+    let dst = b.qp.register(50, Access::LOCAL_WRITE);
+    post_recvs(
+        &b.qp,
+        [
+            RecvWr {
+                wr_id: 1,
+                sg_list: vec![sge(&dst, 0, 50)],
+            },
+            RecvWr {
+                wr_id: 2,
+                sg_list: vec![sge(&dst, 0, 50)],
+            },
+        ],
+    );
+    a.qp.post_send(SendWr::send(10, vec![sge(&src, 0, 100)]));
     pump(&mut a, &mut b);
-    let r: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let r: Vec<_> = statuses(polls(&b.qp));
     assert_eq!(r, vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]);
     // The SEND completed when the socket took it (as on Linux siw); the Terminate then moved
     // the QP to ERR.
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(s, vec![(10, WcStatus::Success)]);
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(a.engine.stats.terminates_received, 1);
-    assert_eq!(dst.to_vec(), vec![0u8; 50], "nothing placed past the checks");
+    assert_eq!(bytes(&dst), vec![0u8; 50], "nothing placed past the checks");
 }
 
 #[test]
 fn send_without_recv_terminates_per_rfc5041() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
-    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
+    let src = a.qp.register(16, Access::LOCAL_WRITE);
+    a.qp.post_send(SendWr::send(10, vec![sge(&src, 0, 16)]));
     transfer(&mut a, &mut b);
     // DDP layer (1), untagged buffer error (2), invalid MSN - no buffer available (2).
     let t = queued_terminate(&b.engine);
     assert_eq!((t.layer as u8, t.etype, t.ecode), (1, 2, 2), "{}", t.describe());
     pump(&mut a, &mut b);
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(s, vec![(10, WcStatus::Success)]);
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(b.qp.state(), QpState::Err);
@@ -368,17 +342,17 @@ fn send_without_recv_terminates_per_rfc5041() {
 #[test]
 fn peer_loss_flushes_everything() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
-    let dst = b.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv_one(3, dst.sge(0, 16)).unwrap();
-    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
+    let src = a.qp.register(16, Access::LOCAL_WRITE);
+    let dst = b.qp.register(16, Access::LOCAL_WRITE);
+    b.qp.post_recv(recv(3, sge(&dst, 0, 16)));
+    a.qp.post_send(SendWr::send(10, vec![sge(&src, 0, 16)]));
     a.engine.fill_tx(); // sent but never confirmed
-    a.qp.post_send_one(SendWr::send(11, vec![src.sge(0, 16)])).unwrap();
+    a.qp.post_send(SendWr::send(11, vec![sge(&src, 0, 16)]));
     a.engine.peer_closed("connection reset");
     b.engine.peer_closed("connection reset");
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(s, vec![(10, WcStatus::WrFlushErr), (11, WcStatus::WrFlushErr)]);
-    let r: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let r: Vec<_> = statuses(polls(&b.qp));
     assert_eq!(r, vec![(3, WcStatus::WrFlushErr)]);
     assert_eq!(a.qp.state(), QpState::Err);
     let _ = pump(&mut a, &mut b);
@@ -390,32 +364,32 @@ fn srq_inline_and_send_with_invalidate() {
     let (mut a, _) = side(true, false, all);
     let (mut b, srq) = side(false, true, all);
     let srq = srq.unwrap();
-    let dst = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    srq.post_recv_one(1, dst.sge(0, 32)).unwrap();
-    srq.post_recv_one(2, dst.sge(32, 32)).unwrap();
-    let victim = b.pd.alloc_mr(16, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
-    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
-    src.write(0, b"inline-hello!!!!").unwrap();
-    let mut inline = SendWr::send(10, vec![src.sge(0, 16)]);
+    let dst = b.qp.register(64, Access::LOCAL_WRITE);
+    srq.post_recv_one(1, sge(&dst, 0, 32));
+    srq.post_recv_one(2, sge(&dst, 32, 32));
+    let victim = b.qp.register(16, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let src = a.qp.register(16, Access::LOCAL_WRITE);
+    assert!(src.region.write(0, b"inline-hello!!!!"));
+    let mut inline = SendWr::send(10, vec![sge(&src, 0, 16)]);
     inline.flags = SendFlags::SIGNALED | SendFlags::INLINE;
-    let mut inv = SendWr::send(11, vec![src.sge(0, 4)]);
+    let mut inv = SendWr::send(11, vec![sge(&src, 0, 4)]);
     inv.opcode = Some(WrOpcode::SendWithInv);
-    inv.invalidate_rkey = victim.rkey();
-    a.qp.post_send(&[inline, inv]).unwrap();
+    inv.invalidate_rkey = victim.rkey;
+    post_all(&a.qp, [inline, inv]);
     pump(&mut a, &mut b);
-    let r = polls(&b.cq);
+    let r = polls(&b.qp);
     assert_eq!(r.len(), 2);
-    assert_eq!(&dst.to_vec()[..16], b"inline-hello!!!!");
+    assert_eq!(&bytes(&dst)[..16], b"inline-hello!!!!");
     assert_eq!(
         r[1].wc_flags & softrdma_verbs::wr::wc_flags::WITH_INV,
         softrdma_verbs::wr::wc_flags::WITH_INV
     );
-    assert_eq!(r[1].imm_data, victim.rkey());
+    assert_eq!(r[1].imm_data, victim.rkey);
     // The invalidated rkey now refuses remote writes.
-    let w = SendWr::write(12, vec![src.sge(0, 4)], victim.addr(), victim.rkey());
-    a.qp.post_send_one(w).unwrap();
+    let w = SendWr::write(12, vec![sge(&src, 0, 4)], victim.region.addr(), victim.rkey);
+    a.qp.post_send(w);
     pump(&mut a, &mut b);
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     // WRITE 12 completed when the socket took it; the peer's Terminate then moved the QP to ERR.
     assert_eq!(
         s,
@@ -437,20 +411,19 @@ fn bad_lkey_is_local_protection_error() {
         length: 8,
         lkey: 0xdead_beef,
     };
-    a.qp.post_send(&[SendWr::send(1, vec![sge]), SendWr::send(2, vec![])])
-        .unwrap();
+    post_all(&a.qp, [SendWr::send(1, vec![sge]), SendWr::send(2, vec![])]);
     pump(&mut a, &mut b);
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(s, vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
 }
 
 #[test]
 fn corrupted_crc_terminates_and_flushes() {
     let (mut a, mut b) = pair();
-    let src = a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
-    let dst = b.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv_one(3, dst.sge(0, 16)).unwrap();
-    a.qp.post_send_one(SendWr::send(10, vec![src.sge(0, 16)])).unwrap();
+    let src = a.qp.register(16, Access::LOCAL_WRITE);
+    let dst = b.qp.register(16, Access::LOCAL_WRITE);
+    b.qp.post_recv(recv(3, sge(&dst, 0, 16)));
+    a.qp.post_send(SendWr::send(10, vec![sge(&src, 0, 16)]));
     a.engine.fill_tx();
     let mut out = a.engine.tx_bytes();
     let n = out.len();
@@ -458,59 +431,7 @@ fn corrupted_crc_terminates_and_flushes() {
     b.engine.rx_space()[..n].copy_from_slice(&out);
     b.engine.rx_commit(n);
     assert_eq!(b.engine.phase(), Phase::Terminating);
-    assert_eq!(dst.to_vec(), vec![0u8; 16]);
-}
-
-#[test]
-fn posting_in_wrong_state_is_einval() {
-    let ctx = Context::open(&device()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let init = QpInitAttr {
-        send_cq: cq.clone(),
-        recv_cq: cq,
-        srq: None,
-        cap,
-        qp_type: QpType::Rc,
-        sq_sig_all: true,
-    };
-    let qp = Qp::new(&pd, init, AttrRules::Iwarp).unwrap();
-    let e = qp.post_send(&[SendWr::send(1, vec![])]).unwrap_err();
-    assert_eq!((e.0, e.1.errno), (0, Errno::Inval));
-    assert!(e.1.msg.contains("RESET"), "{}", e.1.msg);
-    let e = qp.post_recv(&[RecvWr::default()]).unwrap_err();
-    assert_eq!(e.1.errno, Errno::Inval);
-    let attr = QpAttr {
-        qp_state: Some(QpState::Rts),
-        ..QpAttr::default()
-    };
-    let e = qp.modify(&attr, attr_mask::STATE).unwrap_err();
-    assert_eq!(e.errno, Errno::Inval);
-    let attr = QpAttr {
-        qp_state: Some(QpState::Init),
-        ..QpAttr::default()
-    };
-    qp.modify(&attr, attr_mask::STATE).unwrap();
-    let e = qp.post_send(&[SendWr::send(1, vec![])]).unwrap_err();
-    assert!(e.1.msg.contains("INIT"));
-    qp.post_recv(&[RecvWr::default()]).unwrap();
-    let attr = QpAttr {
-        qp_state: Some(QpState::Err),
-        ..QpAttr::default()
-    };
-    qp.modify(&attr, attr_mask::STATE).unwrap();
-    qp.post_send(&[SendWr::send(5, vec![])]).unwrap();
-    let got: Vec<_> = std::iter::from_fn(|| qp.inner().send_cq.poll_one())
-        .map(|w| (w.wr_id, w.status))
-        .collect();
-    assert_eq!(got, vec![(0, WcStatus::WrFlushErr), (5, WcStatus::WrFlushErr)]);
+    assert_eq!(bytes(&dst), vec![0u8; 16]);
 }
 
 /// The one Terminate an engine has queued.
@@ -599,15 +520,15 @@ fn send_and_write_traffic_puts_no_read_request_on_the_wire() {
     let (mut a, mut b) = pair();
     // More than the 4 MiB after which fence READs used to be sent, in SENDs and WRITEs.
     let len = 1 << 20;
-    let src = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
-    let dst = b.pd.alloc_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let src = a.qp.register(len, Access::LOCAL_WRITE);
+    let dst = b.qp.register(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     for i in 0..6u64 {
-        b.qp.post_recv_one(i, dst.sge(0, len as u32)).unwrap();
+        b.qp.post_recv(recv(i, sge(&dst, 0, len as u32)));
         let wrs = [
-            SendWr::send(i, vec![src.sge(0, len as u32)]),
-            SendWr::write(100 + i, vec![src.sge(0, len as u32)], dst.addr(), dst.rkey()),
+            SendWr::send(i, vec![sge(&src, 0, len as u32)]),
+            SendWr::write(100 + i, vec![sge(&src, 0, len as u32)], dst.region.addr(), dst.rkey),
         ];
-        a.qp.post_send(&wrs).unwrap();
+        post_all(&a.qp, wrs);
     }
     let (mut sent_a, mut sent_b) = (Vec::new(), Vec::new());
     for _ in 0..10_000 {
@@ -623,23 +544,23 @@ fn send_and_write_traffic_puts_no_read_request_on_the_wire() {
         "{ops:?}"
     );
     assert!(sent_b.is_empty(), "the responder sent {} bytes", sent_b.len());
-    assert_eq!(polls(&a.cq).len(), 12);
-    assert_eq!(polls(&b.cq).len(), 6);
+    assert_eq!(polls(&a.qp).len(), 12);
+    assert_eq!(polls(&b.qp).len(), 6);
 }
 
 #[test]
 fn a_send_completes_when_the_socket_took_its_bytes_before_any_reply() {
     let (mut a, b) = pair();
-    let src = a.pd.alloc_mr(200_000, Access::LOCAL_WRITE).unwrap();
-    a.qp.post_send_one(SendWr::send(1, vec![src.sge(0, 200_000)])).unwrap();
+    let src = a.qp.register(200_000, Access::LOCAL_WRITE);
+    a.qp.post_send(SendWr::send(1, vec![sge(&src, 0, 200_000)]));
     a.engine.fill_tx();
     let n = a.engine.tx_queued();
     assert!(n > 200_000);
-    assert!(polls(&a.cq).is_empty(), "completed before the socket took it");
+    assert!(polls(&a.qp).is_empty(), "completed before the socket took it");
     a.engine.tx_consumed(n - 1);
-    assert!(polls(&a.cq).is_empty(), "completed with its last byte still queued");
+    assert!(polls(&a.qp).is_empty(), "completed with its last byte still queued");
     a.engine.tx_consumed(1);
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status, w.byte_len)).collect();
+    let s: Vec<_> = polls(&a.qp).iter().map(|w| (w.wr_id, w.status, w.byte_len)).collect();
     assert_eq!(s, vec![(1, WcStatus::Success, 200_000)]);
     // Nothing was ever delivered to the peer, and nothing else went out.
     assert_eq!(b.engine.stats.rx_fpdus, 0);
@@ -651,45 +572,49 @@ fn a_send_completes_when_the_socket_took_its_bytes_before_any_reply() {
 #[test]
 fn completions_stay_in_posting_order_behind_a_read() {
     let (mut a, mut b) = pair();
-    let local = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    let remote = b.pd.alloc_mr(64, Access::REMOTE_READ | Access::LOCAL_WRITE).unwrap();
-    let dst = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv_one(9, dst.sge(0, 64)).unwrap();
-    a.qp.post_send(&[
-        SendWr::read(1, vec![local.sge(0, 64)], remote.addr(), remote.rkey()),
-        SendWr::send(2, vec![local.sge(0, 8)]),
-    ])
-    .unwrap();
+    let local = a.qp.register(64, Access::LOCAL_WRITE);
+    let remote = b.qp.register(64, Access::REMOTE_READ | Access::LOCAL_WRITE);
+    let dst = b.qp.register(64, Access::LOCAL_WRITE);
+    b.qp.post_recv(recv(9, sge(&dst, 0, 64)));
+    post_all(
+        &a.qp,
+        [
+            SendWr::read(1, vec![sge(&local, 0, 64)], remote.region.addr(), remote.rkey),
+            SendWr::send(2, vec![sge(&local, 0, 8)]),
+        ],
+    );
     a.engine.fill_tx();
     let n = a.engine.tx_queued();
     let bytes = a.engine.tx_bytes();
     a.engine.tx_consumed(n);
     assert!(
-        polls(&a.cq).is_empty(),
+        polls(&a.qp).is_empty(),
         "the SEND completed before the READ ahead of it"
     );
     b.engine.rx_space()[..n].copy_from_slice(&bytes);
     b.engine.rx_commit(n);
     transfer(&mut b, &mut a);
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(s, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
 }
 
 #[test]
 fn a_send_not_taken_by_the_socket_flushes_when_the_stream_breaks() {
     let (mut a, _b) = pair();
-    let src = a.pd.alloc_mr(100_000, Access::LOCAL_WRITE).unwrap();
-    a.qp.post_send(&[
-        SendWr::send(1, vec![src.sge(0, 16)]),
-        SendWr::send(2, vec![src.sge(0, 100_000)]),
-        SendWr::send(3, vec![src.sge(0, 16)]),
-    ])
-    .unwrap();
+    let src = a.qp.register(100_000, Access::LOCAL_WRITE);
+    post_all(
+        &a.qp,
+        [
+            SendWr::send(1, vec![sge(&src, 0, 16)]),
+            SendWr::send(2, vec![sge(&src, 0, 100_000)]),
+            SendWr::send(3, vec![sge(&src, 0, 16)]),
+        ],
+    );
     a.engine.fill_tx();
     // The socket takes SEND 1 and part of SEND 2, then the connection breaks.
     a.engine.tx_consumed(1000);
     a.engine.peer_closed("connection reset");
-    let s: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(
         s,
         vec![
@@ -704,10 +629,10 @@ fn a_send_not_taken_by_the_socket_flushes_when_the_stream_breaks() {
 fn non_p2p_responder_sends_first_once_released() {
     // Server-sends-first (ucmatose): a Linux initiator never sends an RTR.
     let (mut a, mut b) = pair();
-    let src = b.pd.alloc_mr(32, Access::LOCAL_WRITE).unwrap();
-    let dst = a.pd.alloc_mr(32, Access::LOCAL_WRITE).unwrap();
-    a.qp.post_recv_one(5, dst.sge(0, 32)).unwrap();
-    b.qp.post_send_one(SendWr::send(6, vec![src.sge(0, 32)])).unwrap();
+    let src = b.qp.register(32, Access::LOCAL_WRITE);
+    let dst = a.qp.register(32, Access::LOCAL_WRITE);
+    a.qp.post_recv(recv(5, sge(&dst, 0, 32)));
+    b.qp.post_send(SendWr::send(6, vec![sge(&src, 0, 32)]));
     // Held until the driver's grace after the Reply ...
     assert!(b.engine.tx_release_pending());
     b.engine.fill_tx();
@@ -716,9 +641,9 @@ fn non_p2p_responder_sends_first_once_released() {
     b.engine.release_tx();
     assert!(transfer(&mut b, &mut a) > 0);
     assert_eq!(b.engine.stats.rx_fpdus, 0);
-    let r: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let r: Vec<_> = statuses(polls(&a.qp));
     assert_eq!(r, vec![(5, WcStatus::Success)]);
-    let s: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    let s: Vec<_> = statuses(polls(&b.qp));
     assert_eq!(s, vec![(6, WcStatus::Success)]);
     // The initiator without RTR (released by `side`) owes none.
     assert!(!a.engine.tx_release_pending());
@@ -737,22 +662,22 @@ fn non_p2p_initiator_holds_its_first_fpdu_until_released_or_answered() {
             initiator: true,
             rtr: None,
         };
-        a.engine = Engine::new(a.qp.inner().clone(), cfg);
+        a.engine = Engine::new(a.qp.clone(), cfg);
         let (mut b, _) = side(false, false, all);
-        let src = a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-        let dst = b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-        b.qp.post_recv_one(1, dst.sge(0, 8)).unwrap();
-        a.qp.post_send_one(SendWr::send(2, vec![src.sge(0, 8)])).unwrap();
+        let src = a.qp.register(8, Access::LOCAL_WRITE);
+        let dst = b.qp.register(8, Access::LOCAL_WRITE);
+        b.qp.post_recv(recv(1, sge(&dst, 0, 8)));
+        a.qp.post_send(SendWr::send(2, vec![sge(&src, 0, 8)]));
         // Held: a Linux siw responder may not read its socket yet (handshake docs).
         assert!(a.engine.tx_release_pending());
         a.engine.fill_tx();
         assert!(a.engine.tx_queued() == 0, "sent inside the accept window");
         if answered {
             // The responder's first FPDU shows its receive path is up: no wait is needed.
-            let bsrc = b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-            let adst = a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-            a.qp.post_recv_one(3, adst.sge(0, 8)).unwrap();
-            b.qp.post_send_one(SendWr::send(4, vec![bsrc.sge(0, 8)])).unwrap();
+            let bsrc = b.qp.register(8, Access::LOCAL_WRITE);
+            let adst = a.qp.register(8, Access::LOCAL_WRITE);
+            a.qp.post_recv(recv(3, sge(&adst, 0, 8)));
+            b.qp.post_send(SendWr::send(4, vec![sge(&bsrc, 0, 8)]));
             b.engine.release_tx();
             assert!(transfer(&mut b, &mut a) > 0);
             assert!(!a.engine.tx_release_pending());
@@ -760,7 +685,7 @@ fn non_p2p_initiator_holds_its_first_fpdu_until_released_or_answered() {
             a.engine.release_tx();
         }
         assert!(transfer(&mut a, &mut b) > 0, "answered={answered}");
-        let r: Vec<_> = polls(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+        let r: Vec<_> = statuses(polls(&b.qp));
         assert!(r.contains(&(1, WcStatus::Success)), "answered={answered}: {r:?}");
     }
 }
@@ -771,10 +696,10 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
     for rtr in [Rtr::Write, Rtr::Read] {
         let (mut a, _) = side_rtr(true, false, all, Some(rtr));
         let (mut b, _) = side_rtr(false, false, all, Some(rtr));
-        let src = b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-        let dst = a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-        a.qp.post_recv_one(5, dst.sge(0, 8)).unwrap();
-        b.qp.post_send_one(SendWr::send(6, vec![src.sge(0, 8)])).unwrap();
+        let src = b.qp.register(8, Access::LOCAL_WRITE);
+        let dst = a.qp.register(8, Access::LOCAL_WRITE);
+        a.qp.post_recv(recv(5, sge(&dst, 0, 8)));
+        b.qp.post_send(SendWr::send(6, vec![sge(&src, 0, 8)]));
         // The responder's release does not replace the RTR.
         assert!(!b.engine.tx_release_pending());
         b.engine.release_tx();
@@ -793,9 +718,9 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
         };
         assert_eq!(opcodes(&log), vec![want], "{rtr:?}");
         pump(&mut a, &mut b);
-        let r: Vec<_> = polls(&a.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+        let r: Vec<_> = statuses(polls(&a.qp));
         assert_eq!(r, vec![(5, WcStatus::Success)], "{rtr:?}: the RTR completes nothing");
-        assert_eq!(polls(&b.cq).len(), 1);
+        assert_eq!(polls(&b.qp).len(), 1);
         assert_eq!(a.qp.state(), QpState::Rts);
         assert_eq!(b.qp.state(), QpState::Rts);
     }
@@ -809,9 +734,9 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
 fn a_linux_siw_terminate_fails_the_read_it_names() {
     use softrdma_wire::SegmentHeader;
     let (mut a, _b) = pair();
-    let sink = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
-    let read = SendWr::read(7, vec![sink.sge(0, 4096)], 0x1000, 0xffff_fe42);
-    a.qp.post_send(&[read, SendWr::send(8, vec![])]).unwrap();
+    let sink = a.qp.register(4096, Access::LOCAL_WRITE);
+    let read = SendWr::read(7, vec![sge(&sink, 0, 4096)], 0x1000, 0xffff_fe42);
+    post_all(&a.qp, [read, SendWr::send(8, vec![])]);
     a.engine.fill_tx();
     let sent = a.engine.tx_queued();
     a.engine.tx_consumed(sent);
@@ -829,7 +754,7 @@ fn a_linux_siw_terminate_fails_the_read_it_names() {
     softrdma_wire::emit_fpdu(&[&ulpdu], true, &mut f).unwrap();
     a.engine.rx_space()[..f.len()].copy_from_slice(&f);
     a.engine.rx_commit(f.len());
-    let wcs = polls(&a.cq);
+    let wcs = polls(&a.qp);
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(7, WcStatus::RemAccessErr), (8, WcStatus::WrFlushErr)]);
     assert_eq!(a.engine.stats.terminates_received, 1);
