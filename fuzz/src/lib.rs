@@ -158,23 +158,7 @@ pub mod rx {
     pub fn device() -> &'static device::DeviceInfo {
         static DEV: OnceLock<device::DeviceInfo> = OnceLock::new();
         DEV.get_or_init(|| {
-            let lo = device::NetIf {
-                name: "lo".into(),
-                index: 1,
-                flags: device::IfFlags {
-                    up: true,
-                    running: true,
-                    loopback: true,
-                },
-                addrs: vec![device::IfAddr {
-                    ip: "127.0.0.1".parse().unwrap(),
-                    prefix_len: 8,
-                    scope_id: 0,
-                }],
-                mtu: 65536,
-                mac: [0; 6],
-                speed_mbps: None,
-            };
+            let lo = device::NetIf::synthetic_loopback();
             device::devices_from(&[lo], None).unwrap().remove(0)
         })
     }

@@ -18,23 +18,7 @@ const BOUND: Duration = Duration::from_secs(5);
 
 /// `lo` with 127.0.0.1, as the devices see it.
 fn lo() -> device::NetIf {
-    device::NetIf {
-        name: "lo".into(),
-        index: 1,
-        flags: device::IfFlags {
-            up: true,
-            running: true,
-            loopback: true,
-        },
-        addrs: vec![device::IfAddr {
-            ip: "127.0.0.1".parse().unwrap(),
-            prefix_len: 8,
-            scope_id: 0,
-        }],
-        mtu: 65536,
-        mac: [0; 6],
-        speed_mbps: None,
-    }
+    device::NetIf::synthetic_loopback()
 }
 
 fn device() -> device::DeviceInfo {

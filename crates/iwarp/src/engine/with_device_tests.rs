@@ -8,23 +8,7 @@ use softrdma_verbs::*;
 
 /// A soft device over a synthetic loopback interface (the QP below takes the iWARP rules).
 fn device() -> device::DeviceInfo {
-    let lo = device::NetIf {
-        name: "lo".into(),
-        index: 1,
-        flags: device::IfFlags {
-            up: true,
-            running: true,
-            loopback: true,
-        },
-        addrs: vec![device::IfAddr {
-            ip: "127.0.0.1".parse().unwrap(),
-            prefix_len: 8,
-            scope_id: 0,
-        }],
-        mtu: 65536,
-        mac: [0; 6],
-        speed_mbps: None,
-    };
+    let lo = device::NetIf::synthetic_loopback();
     device::devices_from(&[lo], None).unwrap().remove(0)
 }
 

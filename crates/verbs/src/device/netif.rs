@@ -110,6 +110,30 @@ pub struct NetIf {
     pub speed_mbps: Option<u32>,
 }
 
+impl NetIf {
+    /// `lo` with 127.0.0.1, as [`list_interfaces`] reports it on Linux (index 1, MTU 65536):
+    /// for tests and harnesses whose devices must not depend on the host's interfaces.
+    pub fn synthetic_loopback() -> NetIf {
+        NetIf {
+            name: "lo".into(),
+            index: 1,
+            flags: IfFlags {
+                up: true,
+                running: true,
+                loopback: true,
+            },
+            addrs: vec![IfAddr {
+                ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                prefix_len: 8,
+                scope_id: 0,
+            }],
+            mtu: 65536,
+            mac: [0; 6],
+            speed_mbps: None,
+        }
+    }
+}
+
 /// What `getifaddrs` reported for one interface name, before the per-interface lookups.
 #[derive(Default)]
 struct Raw {
