@@ -307,12 +307,15 @@ fn application_error_flushes_in_flight_then_queued() {
     assert!(out.is_empty());
 }
 
-#[test]
-fn owed_ack_leaves_after_the_application_moves_the_responder_to_error() {
+/// A SEND of "pong" from `a` (WR 7) received and completed by `b` (receive WRs 50 and, if
+/// `recvs` is 2, 51), whose ACK is still queued; returns the pair, the clock and `a`'s source.
+fn b_owes_an_ack(recvs: u64) -> (Node, Node, Sim, AppMr) {
     let (mut a, mut b) = rc_pair(Opts::default());
     let sim = Sim::new(NetCfg::default(), 16);
     let dst = b.mr(64, Access::LOCAL_WRITE);
-    b.qp.post_recv_one(50, dst.sge(0, 64)).unwrap();
+    for wr_id in 50..50 + recvs {
+        b.qp.post_recv_one(wr_id, dst.sge(0, 64)).unwrap();
+    }
     let src = a.mr(64, Access::LOCAL_WRITE);
     src.write(0, b"pong").unwrap();
     a.qp.post_send_one(SendWr::send(7, vec![src.sge(0, 4)])).unwrap();
@@ -321,8 +324,15 @@ fn owed_ack_leaves_after_the_application_moves_the_responder_to_error() {
     assert!(a.engine.poll_transmit(sim.now, &mut out));
     b.engine.handle_packet(sim.now, &RocePacket::parse(&out).unwrap());
     b.collect();
-    // B's application sees the message and disconnects before B's ACK went out.
     assert_eq!(b.recv_status(), vec![(50, WcStatus::Success)]);
+    (a, b, sim, src)
+}
+
+#[test]
+fn owed_ack_leaves_after_the_application_moves_the_responder_to_error() {
+    // B's application sees the message and disconnects before B's ACK went out.
+    let (mut a, mut b, sim, _) = b_owes_an_ack(1);
+    let mut out = Vec::new();
     b.modify_to_error(&sim);
     assert!(!b.engine.is_closed(), "the owed ACK is still queued");
     let mut ack = Vec::new();
@@ -338,20 +348,8 @@ fn owed_ack_leaves_after_the_application_moves_the_responder_to_error() {
 
 #[test]
 fn destroying_the_responder_sends_only_its_owed_ack() {
-    let (mut a, mut b) = rc_pair(Opts::default());
-    let sim = Sim::new(NetCfg::default(), 16);
-    let dst = b.mr(64, Access::LOCAL_WRITE);
-    b.qp.post_recv_one(50, dst.sge(0, 64)).unwrap();
-    b.qp.post_recv_one(51, dst.sge(0, 64)).unwrap();
-    let src = a.mr(64, Access::LOCAL_WRITE);
-    src.write(0, b"pong").unwrap();
-    a.qp.post_send_one(SendWr::send(7, vec![src.sge(0, 4)])).unwrap();
-    a.engine.sync_state(sim.now);
+    let (mut a, mut b, sim, src) = b_owes_an_ack(2);
     let mut out = Vec::new();
-    assert!(a.engine.poll_transmit(sim.now, &mut out));
-    b.engine.handle_packet(sim.now, &RocePacket::parse(&out).unwrap());
-    b.collect();
-    assert_eq!(b.recv_status(), vec![(50, WcStatus::Success)]);
     // B's application posts a SEND of its own, then destroys the QP before anything left.
     let bsrc = b.mr(64, Access::LOCAL_WRITE);
     b.qp.post_send_one(SendWr::send(8, vec![bsrc.sge(0, 4)])).unwrap();
