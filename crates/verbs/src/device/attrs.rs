@@ -494,22 +494,14 @@ fn ib_width_speed(mbps: u32) -> (u8, u8) {
     }
 }
 
-/// The host page size, from the auxiliary vector (`AT_PAGESZ`); 4096 if unreadable.
+/// The host page size (`sysconf(_SC_PAGESIZE)`, which the C library answers from the auxiliary
+/// vector it kept: no file is read per device open); 4096 if unknown.
 fn host_page_size() -> u64 {
-    const AT_PAGESZ: u64 = 6;
-    const WORD: usize = std::mem::size_of::<usize>();
-    let Ok(auxv) = std::fs::read("/proc/self/auxv") else {
-        return 4096;
-    };
-    let word = |chunk: &[u8]| {
-        let mut b = [0u8; WORD];
-        b.copy_from_slice(chunk);
-        usize::from_ne_bytes(b) as u64
-    };
-    auxv.chunks_exact(2 * WORD)
-        .find(|pair| word(&pair[..WORD]) == AT_PAGESZ)
-        .map(|pair| word(&pair[WORD..]))
-        .filter(|&p| p.is_power_of_two())
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| u64::try_from(p).ok())
+        .filter(|p| p.is_power_of_two())
         .unwrap_or(4096)
 }
 
