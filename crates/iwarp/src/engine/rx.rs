@@ -451,7 +451,7 @@ impl Engine {
                 received: 0,
             });
         }
-        let Some(received) = self.cur_recv.as_ref().map(|r| r.received) else {
+        let Some((received, capacity)) = self.cur_recv.as_ref().map(|r| (r.received, r.capacity)) else {
             return false;
         };
         if mo as usize != received {
@@ -462,9 +462,8 @@ impl Engine {
             );
             return false;
         }
-        let Some(r) = self.cur_recv.as_ref() else { return false };
         let end = received + len;
-        if end > r.capacity {
+        if end > capacity {
             let Some(r) = self.cur_recv.take() else { return false };
             let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qp.qpn());
             wc.byte_len = end as u32;

@@ -18,7 +18,7 @@
 //! the payload arrives (deregistered, or unmapped: EFAULT, with the stream left unread) ends in
 //! the Terminate a buffered segment would get.
 
-use super::{Engine, Phase};
+use super::{Engine, Phase, Piece};
 use softrdma_verbs::memory::socket_io::Scatter;
 use softrdma_verbs::mr::MrInner;
 use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN};
@@ -236,30 +236,29 @@ impl Engine {
             return None;
         }
         let r = self.cur_recv.as_ref()?;
-        let mut at = r.received;
-        for p in &r.dst {
-            if at < p.len {
-                return (at + len <= p.len).then(|| (p.mr.clone(), p.off + at));
-            }
-            at -= p.len;
-        }
-        None
+        inside_one_piece(&r.dst, r.received, len)
     }
 
     /// A Read Response's target: the oldest READ's sink at its next offset (`on_read_response`'s
     /// check), if the payload lies inside one SGE.
     fn read_response_target(&self, to: u64, len: usize) -> Option<(Arc<MrInner>, usize)> {
         let entry = self.orq.front()?;
-        let mut at = entry.offset_of(to);
+        let at = entry.offset_of(to);
         if !entry.fits(at, len) {
             return None;
         }
-        for p in &entry.dst {
-            if at < p.len {
-                return (at + len <= p.len).then(|| (p.mr.clone(), p.off + at));
-            }
-            at -= p.len;
-        }
-        None
+        inside_one_piece(&entry.dst, at, len)
     }
+}
+
+/// Where `len` bytes at offset `at` of a scatter list (a READ's sink, a receive WR's buffer)
+/// go, if they lie inside one piece: its MR and the region offset.
+fn inside_one_piece(pieces: &[Piece], mut at: usize, len: usize) -> Option<(Arc<MrInner>, usize)> {
+    for p in pieces {
+        if at < p.len {
+            return (at + len <= p.len).then(|| (p.mr.clone(), p.off + at));
+        }
+        at -= p.len;
+    }
+    None
 }
