@@ -253,6 +253,21 @@ fn receive_counting(y: &mut Engine, bytes: &[u8], chunk: usize) -> (usize, usize
     (direct_calls, direct_bytes)
 }
 
+/// Everything `x` has to send, as the socket would take it (all of it, at once or in turns).
+fn take_wire(x: &mut Engine) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for _ in 0..100 {
+        x.fill_tx();
+        let more = x.tx_bytes();
+        if more.is_empty() {
+            break;
+        }
+        x.tx_consumed(more.len());
+        wire.extend_from_slice(&more);
+    }
+    wire
+}
+
 /// Sets up a 200,000-byte WRITE from `a` into a fresh MR of `b`; returns the target MR, the
 /// bytes `a` queued, and the data.
 fn queued_write(a: &mut Side, b: &Side, rkey: Option<u32>) -> (Arc<MrInner>, Vec<u8>, Vec<u8>) {
@@ -266,9 +281,7 @@ fn queued_write(a: &mut Side, b: &Side, rkey: Option<u32>) -> (Arc<MrInner>, Vec
         dst.region.addr(),
         rkey.unwrap_or(dst.rkey),
     )));
-    a.eng.fill_tx();
-    let wire = a.eng.tx_bytes();
-    a.eng.tx_consumed(wire.len());
+    let wire = take_wire(&mut a.eng);
     (dst, wire, data)
 }
 
@@ -357,9 +370,7 @@ fn queued_read_responses(a: &mut Side, b: &mut Side, sinks: &[(&MrInner, u32)]) 
     let sg_list = sinks.iter().map(|(mr, len)| sge(mr, 0, *len)).collect();
     a.qp.post_send(signaled(SendWr::read(4, sg_list, src.region.addr(), src.rkey)));
     drive(&mut a.eng, &mut b.eng);
-    b.eng.fill_tx();
-    let wire = b.eng.tx_bytes();
-    b.eng.tx_consumed(wire.len());
+    let wire = take_wire(&mut b.eng);
     (wire, data)
 }
 
@@ -410,9 +421,7 @@ fn queued_send(a: &mut Side) -> (Vec<u8>, Vec<u8>) {
     let src = a.qp.register(data.len(), Access::LOCAL_WRITE);
     assert!(src.region.write(0, &data));
     a.qp.post_send(signaled(SendWr::send(5, vec![sge(&src, 0, data.len() as u32)])));
-    a.eng.fill_tx();
-    let wire = a.eng.tx_bytes();
-    a.eng.tx_consumed(wire.len());
+    let wire = take_wire(&mut a.eng);
     (wire, data)
 }
 
@@ -525,16 +534,7 @@ fn a_stream_of_large_sends_is_placed_directly_segment_after_segment() {
         });
         a.qp.post_send(SendWr::send(i, vec![sge(&src, 0, MSG as u32)]));
     }
-    let mut wire = Vec::new();
-    for _ in 0..100 {
-        a.eng.fill_tx();
-        let more = a.eng.tx_bytes();
-        if more.is_empty() {
-            break;
-        }
-        a.eng.tx_consumed(more.len());
-        wire.extend_from_slice(&more);
-    }
+    let wire = take_wire(&mut a.eng);
     let (_, direct) = receive_counting(&mut b.eng, &wire, 64 * 1024);
     let copied = 4 * MSG - direct;
     assert!(
