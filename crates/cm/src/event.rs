@@ -2,6 +2,7 @@
 
 use crate::id::{CmId, IdInner};
 use crate::param::{ConnParam, UdParam};
+use softrdma_verbs::progress::Reactor;
 use softrdma_verbs::{Errno, Error, Result};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -137,8 +138,18 @@ impl Drop for CmEvent {
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
     fd: OwnedFd,
-    queue: Mutex<VecDeque<CmEvent>>,
+    queue: Mutex<Queue>,
     arrived: Condvar,
+}
+
+/// A channel's events, and what its waiters and its fd know of them.
+#[derive(Debug, Default)]
+struct Queue {
+    events: VecDeque<CmEvent>,
+    /// Threads waiting on `arrived` (a push without them makes no `futex` call).
+    waiters: u32,
+    /// The eventfd's counter is not zero (written by a push, read when the queue empties).
+    signalled: bool,
 }
 
 /// An event channel (`rdma_event_channel`). Cloning shares it.
@@ -187,7 +198,7 @@ impl EventChannel {
         Ok(EventChannel {
             inner: Arc::new(ChannelInner {
                 fd,
-                queue: Mutex::new(VecDeque::new()),
+                queue: Mutex::new(Queue::default()),
                 arrived: Condvar::new(),
             }),
         })
@@ -201,23 +212,25 @@ impl EventChannel {
     pub(crate) fn push(&self, ev: CmEvent) {
         let Ok(mut q) = self.inner.queue.lock() else { return };
         tracing::debug!(event = %ev.event, status = ev.status, "cm event");
-        q.push_back(ev);
-        self.inner.arrived.notify_all();
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8) };
+        q.events.push_back(ev);
+        if q.waiters > 0 {
+            self.inner.arrived.notify_all();
+        }
+        if !q.signalled {
+            q.signalled = true;
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+            unsafe { libc::write(self.fd(), &one as *const u64 as *const libc::c_void, 8) };
+        }
     }
 
-    fn drain_fd(&self) {
-        let mut p = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+    /// Makes the fd unreadable again (the queue is empty). Only this channel reads its
+    /// eventfd (applications poll it, as librdmacm's), so a counter that was written is still
+    /// there and the read does not block.
+    fn drain_fd(&self, q: &mut Queue) {
+        if std::mem::take(&mut q.signalled) {
             let mut v: u64 = 0;
-            // SAFETY: reading 8 bytes into a valid u64 from a readable eventfd.
+            // SAFETY: reading 8 bytes into a valid u64 from our eventfd, whose counter is set.
             unsafe { libc::read(self.fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
         }
     }
@@ -227,11 +240,11 @@ impl EventChannel {
         self.pop_locked(&mut q, pred)
     }
 
-    fn pop_locked(&self, q: &mut VecDeque<CmEvent>, pred: &dyn Fn(&CmEvent) -> bool) -> Option<CmEvent> {
-        let i = q.iter().position(pred)?;
-        let ev = q.remove(i);
-        if q.is_empty() {
-            self.drain_fd();
+    fn pop_locked(&self, q: &mut Queue, pred: &dyn Fn(&CmEvent) -> bool) -> Option<CmEvent> {
+        let i = q.events.iter().position(pred)?;
+        let ev = q.events.remove(i);
+        if q.events.is_empty() {
+            self.drain_fd(q);
         }
         ev
     }
@@ -244,35 +257,87 @@ impl EventChannel {
 
     pub(crate) fn get_matching(&self, timeout: Option<Duration>, pred: &dyn Fn(&CmEvent) -> bool) -> Result<CmEvent> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut q = self
-            .inner
-            .queue
-            .lock()
-            .map_err(|_| Error::new(Errno::Io, "rdma_get_cm_event: channel poisoned"))?;
+        let lock = || {
+            self.inner
+                .queue
+                .lock()
+                .map_err(|_| Error::new(Errno::Io, "rdma_get_cm_event: channel poisoned"))
+        };
+        let mut q = lock()?;
+        // An fd the application set O_NONBLOCK on (as with librdmacm's) never blocks.
+        // SAFETY: F_GETFL on our own fd.
+        let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
+        let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+        // While nothing waits on the channel, this thread runs the reactor's rounds itself
+        // (see `wait_driving`), until one finds nothing to do.
+        let mut driving = true;
+        let mut drive: Option<softrdma_verbs::progress::Driving<'static>> = None;
         loop {
             if let Some(ev) = self.pop_locked(&mut q, pred) {
                 return Ok(ev);
             }
-            // SAFETY: F_GETFL on our own fd.
-            let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
-            let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
             let wait = match deadline {
                 _ if nonblock => Some(Duration::ZERO),
                 None => None,
                 Some(d) => Some(d.saturating_duration_since(Instant::now())),
             };
-            q = match wait {
-                Some(w) if w.is_zero() => {
-                    return Err(Error::new(Errno::Again, "rdma_get_cm_event: no event pending"));
+            if matches!(wait, Some(w) if w.is_zero()) {
+                return Err(Error::new(Errno::Again, "rdma_get_cm_event: no event pending"));
+            }
+            if driving && q.events.is_empty() {
+                if let Some(reactor) = Reactor::existing() {
+                    drop(q);
+                    drive.get_or_insert_with(|| reactor.drive());
+                    driving = self.wait_driving(reactor, wait);
+                    if !driving {
+                        drive = None;
+                    }
+                    q = lock()?;
+                    continue;
                 }
-                // Every `push` notifies: a blocked caller sleeps until an event arrives.
+            }
+            // Every `push` notifies a waiter: a blocked caller sleeps until an event arrives.
+            q.waiters += 1;
+            q = match wait {
                 None => self.inner.arrived.wait(q).unwrap_or_else(|p| p.into_inner()),
                 Some(w) => match self.inner.arrived.wait_timeout(q, w) {
                     Ok((g, _)) => g,
                     Err(p) => p.into_inner().0,
                 },
             };
+            q.waiters -= 1;
         }
+    }
+
+    /// Waits up to `wait` (`None`: no bound) for an event on the channel or for readiness in
+    /// the reactor; runs the reactor's round on this thread when it is the latter. The events
+    /// of a connection handshake come from rounds (a socket became readable or writable), so
+    /// the caller then handles them without waking the progress thread and being woken by it.
+    /// False when the round found nothing to do (the progress thread was there first): the
+    /// caller then waits on the channel alone, and the progress thread serves the sources.
+    fn wait_driving(&self, reactor: &Reactor, wait: Option<Duration>) -> bool {
+        let ms = wait.map_or(-1, |w| w.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
+        let mut fds = [
+            libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: reactor.ready_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: a live array of two pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if r < 0 {
+            return std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+        }
+        if fds[0].revents != 0 || fds[1].revents == 0 {
+            return true;
+        }
+        reactor.caller_round()
     }
 
     /// Moves the events of `id` (and, for a listener, its connection requests) to `to`;

@@ -51,6 +51,8 @@ pub(crate) struct IdState {
     pub(crate) qp: Option<Qp>,
     pub(crate) opts: Options,
     pub(crate) unacked: u32,
+    /// Threads waiting for `unacked` to fall (an ack without them makes no `futex` call).
+    ack_waiters: u32,
     pub(crate) disconnected: bool,
     pub(crate) req_param: Option<ConnParam>,
     /// The IB CM connection or SIDR exchange of an id on a RoCE device.
@@ -177,7 +179,9 @@ impl IdInner {
     pub(crate) fn event_acked(&self) {
         let mut st = self.lock();
         st.unacked = st.unacked.saturating_sub(1);
-        self.acked.notify_all();
+        if st.ack_waiters > 0 {
+            self.acked.notify_all();
+        }
     }
 
     pub(crate) fn post(
@@ -500,6 +504,7 @@ impl CmId {
                     qp: None,
                     opts: Options::default(),
                     unacked: 0,
+                    ack_waiters: 0,
                     disconnected: false,
                     req_param: None,
                     ib: None,
@@ -1292,12 +1297,14 @@ impl CmId {
         let moved = old.move_all_of(&self.inner, &target);
         // Like librdmacm: wait until the events already taken from the old channel are acked.
         let mut st = self.lock();
+        st.ack_waiters += 1;
         while st.unacked > moved {
             st = match self.inner.acked.wait_timeout(st, Duration::from_secs(1)) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
         }
+        st.ack_waiters -= 1;
         Ok(())
     }
 
@@ -1351,6 +1358,7 @@ impl CmId {
         }
         ch.move_events(&self.inner, &EventChannel::new()?);
         let mut st = self.lock();
+        st.ack_waiters += 1;
         while st.unacked > 0 {
             let (g, to) = self
                 .inner
@@ -1365,6 +1373,7 @@ impl CmId {
                 );
             }
         }
+        st.ack_waiters -= 1;
         Ok(())
     }
 }

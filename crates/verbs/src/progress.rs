@@ -1,9 +1,11 @@
 //! The per-process progress thread: one epoll loop that drives every transport socket and timer.
 //!
 //! Sources (a listening socket, a handshake, a connected QP) register an fd and get called on
-//! readiness, on a `kick` from another thread (new work was posted), and on their timers. The
-//! thread sleeps in `epoll_wait` when idle (≈0% CPU). With `SOFTRDMA_POLL=1` it never sleeps:
-//! it spins on `epoll_wait(…, 0)`, trading a CPU for the ~50 µs cross-CPU wakeup.
+//! readiness, on a `kick` from another thread (new work was posted), and on their timers (one
+//! timerfd, `timer_clock`). The thread sleeps in `epoll_wait` when idle (≈0% CPU). With
+//! `SOFTRDMA_POLL=1` it never sleeps: it spins on `epoll_wait(…, 0)`, trading a CPU for the
+//! ~50 µs cross-CPU wakeup. An application thread that waits for a CM event runs the rounds
+//! itself meanwhile (`caller_round`).
 
 use crate::fork::PerProcess;
 use std::cmp::Reverse;
@@ -12,10 +14,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod caller_round;
+mod timer_clock;
+pub use caller_round::Driving;
+use timer_clock::TimerClock;
+
 /// Identifies a registered source.
 pub type Token = u64;
 
 const WAKER: Token = 0;
+/// The token of the sources' epoll set in the progress thread's (see [`Reactor`]).
+const SOURCES: Token = u64::MAX - 1;
+/// The token of the timerfd ([`TimerClock`]).
+const TIMERS: Token = u64::MAX;
 
 /// What happened to a source.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,9 +52,18 @@ pub struct Interest {
     pub write: bool,
 }
 
+impl Interest {
+    /// Readable only.
+    pub const READ: Interest = Interest {
+        read: true,
+        write: false,
+    };
+}
+
 /// Something the progress thread drives.
 pub trait Source: Send + Sync {
-    /// Called on the progress thread. Must not block.
+    /// Called on the progress thread, or on an application thread that runs a round
+    /// ([`Reactor::caller_round`]); never by two rounds at once. Must not block.
     fn on_event(&self, token: Token, ev: Event);
 }
 
@@ -59,17 +79,36 @@ struct State {
     fork_pause: bool,
     /// The progress thread is parked for the fork.
     parked: bool,
+    /// The deadline the timerfd is armed for.
+    armed: Option<Instant>,
+    /// Application threads running rounds (`Reactor::drive`).
+    drivers: usize,
 }
 
 /// The reactor. One per process: [`Reactor::global`].
+///
+/// Two epoll sets: the sources' fds are in `epfd`; the progress thread waits on `outer`,
+/// which holds `epfd` itself, the waker and the timerfd. An application thread that runs
+/// rounds itself (`caller_round`) takes `epfd` out of `outer` meanwhile, so that the
+/// readiness it handles does not also wake the progress thread.
 pub struct Reactor {
     epfd: OwnedFd,
+    outer: OwnedFd,
     waker: OwnedFd,
+    clock: TimerClock,
     state: Mutex<State>,
     /// Signals `fork_pause` / `parked` changes between the forking and the progress thread.
     fork_cv: Condvar,
     polling: bool,
+    /// Held while a round calls its sources, by the progress thread or by an application
+    /// thread (`caller_round`): rounds never overlap.
+    turn: Mutex<()>,
 }
+
+/// How near an armed timerfd deadline that is no longer needed may be to stay armed (see
+/// `Reactor::rearm`). Well under a second: an idle process is not woken later than this
+/// after its last timer was withdrawn.
+const REARM_SLACK: Duration = Duration::from_millis(250);
 
 /// How long `fork` waits for the progress thread to park before it goes ahead regardless.
 const FORK_PARK_WAIT: Duration = Duration::from_secs(2);
@@ -112,13 +151,8 @@ impl Reactor {
     }
 
     fn new() -> std::io::Result<Reactor> {
-        // SAFETY: plain syscalls; results checked.
-        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epfd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd we own.
-        let epfd = unsafe { OwnedFd::from_raw_fd(epfd) };
+        let epfd = new_epoll()?;
+        let outer = new_epoll()?;
         // SAFETY: plain syscall; result checked.
         let wfd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if wfd < 0 {
@@ -126,18 +160,16 @@ impl Reactor {
         }
         // SAFETY: fresh fd we own.
         let waker = unsafe { OwnedFd::from_raw_fd(wfd) };
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: WAKER,
-        };
-        // SAFETY: valid epoll fd, valid eventfd, valid event struct.
-        if unsafe { libc::epoll_ctl(epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, waker.as_raw_fd(), &mut ev) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let clock = TimerClock::new()?;
+        epoll_add(&outer, waker.as_raw_fd(), WAKER)?;
+        epoll_add(&outer, clock.raw_fd(), TIMERS)?;
+        epoll_add(&outer, epfd.as_raw_fd(), SOURCES)?;
         let polling = crate::settings::POLL.is_on();
         Ok(Reactor {
             epfd,
+            outer,
             waker,
+            clock,
             state: Mutex::new(State {
                 sources: HashMap::new(),
                 next: 1,
@@ -147,9 +179,12 @@ impl Reactor {
                 fds: HashMap::new(),
                 fork_pause: false,
                 parked: false,
+                armed: None,
+                drivers: 0,
             }),
             fork_cv: Condvar::new(),
             polling,
+            turn: Mutex::new(()),
         })
     }
 
@@ -234,15 +269,32 @@ impl Reactor {
         }
     }
 
-    /// Calls the source with `timer` at (or soon after) `deadline`.
+    /// Calls the source with `timer` at (or soon after) `deadline`. The progress thread is
+    /// not woken for it: the timerfd is re-armed when `deadline` is the earliest.
     pub fn set_timer(&self, token: Token, deadline: Instant) {
-        let sleeping = {
-            let mut st = self.lock();
-            st.timers.push(Reverse((deadline, token)));
-            st.sleeping
+        let mut st = self.lock();
+        st.timers.push(Reverse((deadline, token)));
+        if st.armed.is_none_or(|a| deadline < a) {
+            self.clock.arm(Some(deadline));
+            st.armed = Some(deadline);
+        }
+    }
+
+    /// Arms the timerfd for the earliest timer (disarms it when there is none), unless it is
+    /// armed for that already, or for an earlier time less than [`REARM_SLACK`] away: that
+    /// costs one early round of the progress thread, where re-arming would cost a system call
+    /// each time (soft-RoCE sets and withdraws an ACK timer for every message).
+    fn rearm(&self, st: &mut State) {
+        let next = st.timers.peek().map(|Reverse((d, _))| *d);
+        let now = Instant::now();
+        let keep = match st.armed {
+            Some(a) if Some(a) == next => true,
+            Some(a) => a > now && a <= now + REARM_SLACK && next.is_none_or(|n| a < n),
+            None => next.is_none(),
         };
-        if sleeping {
-            self.wake();
+        if !keep {
+            self.clock.arm(next);
+            st.armed = next;
         }
     }
 
@@ -256,12 +308,13 @@ impl Reactor {
     }
 
     /// Withdraws the timer set for `token` at exactly `deadline` (one that is no longer
-    /// wanted, such as a handshake's bound once the connection is up), so that it never wakes
-    /// the progress thread. A source still ignores a timer event it did not expect.
+    /// wanted, such as a handshake's bound once the connection is up): the source is not
+    /// called for it, and the progress thread is not woken for it later than
+    /// [`REARM_SLACK`] from now. A source still ignores a timer event it did not expect.
     pub fn cancel_timer(&self, token: Token, deadline: Instant) {
-        self.lock()
-            .timers
-            .retain(|Reverse((d, t))| !(*t == token && *d == deadline));
+        let mut st = self.lock();
+        st.timers.retain(|Reverse((d, t))| !(*t == token && *d == deadline));
+        self.rearm(&mut st);
     }
 
     /// Number of registered sources (for leak checks).
@@ -296,87 +349,125 @@ impl Reactor {
                     }
                     st.timers.pop();
                 }
-                let t = if !st.kicked.is_empty() || self.polling {
-                    0
-                } else {
-                    match st.timers.peek() {
-                        Some(Reverse((d, _))) => {
-                            let left = d.saturating_duration_since(Instant::now());
-                            (left.as_micros().div_ceil(1000)).min(60_000) as i32
-                        }
-                        None => -1,
-                    }
-                };
+                // Timers wake it through the timerfd.
+                let t = if !st.kicked.is_empty() || self.polling { 0 } else { -1 };
                 st.sleeping = t != 0;
                 t
             };
-            // SAFETY: valid epoll fd and a buffer of `events.len()` entries.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epfd.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout_ms,
-                )
-            };
+            let mut ctl = [libc::epoll_event { events: 0, u64: 0 }; 3];
+            // SAFETY: valid epoll fd and a buffer of `ctl.len()` entries.
+            let m = unsafe { libc::epoll_wait(self.outer.as_raw_fd(), ctl.as_mut_ptr(), ctl.len() as i32, timeout_ms) };
             self.lock().sleeping = false;
-            let mut calls: Vec<(Arc<dyn Source>, Token, Event)> = Vec::new();
-            {
-                let mut st = self.lock();
-                for e in events.iter().take(n.max(0) as usize) {
-                    let token = e.u64;
-                    if token == WAKER {
+            let mut sources = self.polling;
+            for e in ctl.iter().take(m.max(0) as usize) {
+                match e.u64 {
+                    WAKER => {
                         let mut v: u64 = 0;
                         // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
                         unsafe { libc::read(self.waker.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-                        continue;
                     }
-                    let bits = e.events;
-                    let ev = Event {
-                        readable: bits & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32 != 0,
-                        writable: bits & libc::EPOLLOUT as u32 != 0,
-                        error: bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0,
-                        ..Event::default()
-                    };
-                    if let Some(s) = st.sources.get(&token) {
-                        calls.push((s.clone(), token, ev));
-                    }
-                }
-                for token in std::mem::take(&mut st.kicked) {
-                    if let Some(s) = st.sources.get(&token) {
-                        calls.push((
-                            s.clone(),
-                            token,
-                            Event {
-                                kicked: true,
-                                ..Event::default()
-                            },
-                        ));
-                    }
-                }
-                let now = Instant::now();
-                while let Some(Reverse((d, token))) = st.timers.peek().copied() {
-                    if d > now {
-                        break;
-                    }
-                    st.timers.pop();
-                    if let Some(s) = st.sources.get(&token) {
-                        calls.push((
-                            s.clone(),
-                            token,
-                            Event {
-                                timer: true,
-                                ..Event::default()
-                            },
-                        ));
-                    }
+                    TIMERS => self.clock.clear(),
+                    _ => sources = true,
                 }
             }
-            for (s, token, ev) in calls {
-                s.on_event(token, ev);
-            }
+            let turn = self.take_turn();
+            // Under the turn: what an application thread's round handled meanwhile is gone.
+            let n = if sources { self.harvest(&mut events, 0) } else { 0 };
+            let calls = self.collect(&events[..n], true);
+            turn.dispatch(calls);
         }
     }
+
+    /// `epoll_wait` into `events`; the number of events (0 on an error).
+    fn harvest(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> usize {
+        // SAFETY: valid epoll fd and a buffer of `events.len()` entries.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epfd.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as i32,
+                timeout_ms,
+            )
+        };
+        n.max(0) as usize
+    }
+
+    /// The calls a round makes: one per fd event of a known source and, for the progress
+    /// thread's rounds (`whole`), the kicks and the due timers.
+    fn collect(&self, events: &[libc::epoll_event], whole: bool) -> Vec<(Arc<dyn Source>, Token, Event)> {
+        let mut calls: Vec<(Arc<dyn Source>, Token, Event)> = Vec::new();
+        let mut st = self.lock();
+        for e in events {
+            let token = e.u64;
+            let bits = e.events;
+            let ev = Event {
+                readable: bits & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32 != 0,
+                writable: bits & libc::EPOLLOUT as u32 != 0,
+                error: bits & (libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0,
+                ..Event::default()
+            };
+            if let Some(s) = st.sources.get(&token) {
+                calls.push((s.clone(), token, ev));
+            }
+        }
+        if !whole {
+            return calls;
+        }
+        for token in std::mem::take(&mut st.kicked) {
+            if let Some(s) = st.sources.get(&token) {
+                calls.push((
+                    s.clone(),
+                    token,
+                    Event {
+                        kicked: true,
+                        ..Event::default()
+                    },
+                ));
+            }
+        }
+        let now = Instant::now();
+        while let Some(Reverse((d, token))) = st.timers.peek().copied() {
+            if d > now {
+                break;
+            }
+            st.timers.pop();
+            if let Some(s) = st.sources.get(&token) {
+                calls.push((
+                    s.clone(),
+                    token,
+                    Event {
+                        timer: true,
+                        ..Event::default()
+                    },
+                ));
+            }
+        }
+        self.rearm(&mut st);
+        calls
+    }
+}
+
+fn new_epoll() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; result checked.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd`, readable, to the epoll set `ep` under `token`.
+fn epoll_add(ep: &OwnedFd, fd: RawFd, token: Token) -> std::io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: token,
+    };
+    // SAFETY: valid epoll fd, an fd the caller keeps open, a valid event struct.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A source that runs its function at its timer, once, and then removes itself
@@ -434,9 +525,14 @@ impl ForkHold {
 
     /// Every fd the reactor owns or drives: its epoll fd, its waker and each source's fd.
     pub(crate) fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
-        [self.reactor.epfd.as_raw_fd(), self.reactor.waker.as_raw_fd()]
-            .into_iter()
-            .chain(self.state.iter().flat_map(|st| st.fds.values().copied()))
+        [
+            self.reactor.epfd.as_raw_fd(),
+            self.reactor.outer.as_raw_fd(),
+            self.reactor.waker.as_raw_fd(),
+            self.reactor.clock.raw_fd(),
+        ]
+        .into_iter()
+        .chain(self.state.iter().flat_map(|st| st.fds.values().copied()))
     }
 }
 
@@ -530,5 +626,91 @@ mod tests {
         assert!(ran[0].0 >= at, "not before its time");
         assert_eq!(ran[0].1.as_deref(), Some("softrdma-progress"));
         assert!(!reactor.lock().sources.contains_key(&token));
+    }
+
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    /// Reads what arrives on its socket and records the thread of each call.
+    struct Recorder {
+        sock: UnixStream,
+        threads: Mutex<Vec<Option<String>>>,
+    }
+
+    impl Source for Recorder {
+        fn on_event(&self, _token: Token, ev: Event) {
+            if !ev.readable {
+                return;
+            }
+            let mut buf = [0u8; 64];
+            while matches!((&self.sock).read(&mut buf), Ok(n) if n > 0) {}
+            let name = std::thread::current().name().map(str::to_owned);
+            self.threads.lock().unwrap().push(name);
+        }
+    }
+
+    fn calls(r: &Recorder) -> Vec<Option<String>> {
+        r.threads.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn a_driving_thread_runs_the_round_itself_and_then_hands_the_sources_back() {
+        let reactor = Reactor::global().expect("reactor");
+        let (ours, peer) = UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).expect("O_NONBLOCK");
+        let fd = ours.as_raw_fd();
+        let rec = Arc::new(Recorder {
+            sock: ours,
+            threads: Mutex::new(Vec::new()),
+        });
+        let token = reactor.register(fd, Interest::READ, rec.clone()).expect("register");
+        let me = std::thread::current().name().map(str::to_owned);
+        {
+            let _driving = reactor.drive();
+            (&peer).write_all(b"x").expect("write");
+            let mut fds = [nix::poll::PollFd::new(reactor.ready_fd(), nix::poll::PollFlags::POLLIN)];
+            let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).expect("poll");
+            assert_eq!(n, 1, "the sources' set is readable");
+            assert!(reactor.caller_round(), "the round called the source");
+            assert_eq!(calls(&rec), vec![me.clone()], "on this thread");
+            // The progress thread was not woken to handle it as well.
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(calls(&rec).len(), 1);
+        }
+        // Driving over: the progress thread serves the source again.
+        (&peer).write_all(b"y").expect("write");
+        wait_for("the progress thread's call", || calls(&rec).len() == 2);
+        assert_eq!(calls(&rec)[1].as_deref(), Some("softrdma-progress"));
+        reactor.deregister(token, Some(fd));
+    }
+
+    /// Counts timer calls and when they came.
+    struct Timed(Mutex<Vec<Instant>>);
+
+    impl Source for Timed {
+        fn on_event(&self, _token: Token, ev: Event) {
+            if ev.timer {
+                self.0.lock().unwrap().push(Instant::now());
+            }
+        }
+    }
+
+    #[test]
+    fn timers_fire_through_the_timerfd_no_earlier_and_a_cancelled_one_never() {
+        let reactor = Reactor::global().expect("reactor");
+        let timed = Arc::new(Timed(Mutex::new(Vec::new())));
+        let token = reactor.add(timed.clone());
+        let t0 = Instant::now();
+        let (later, sooner) = (t0 + Duration::from_millis(40), t0 + Duration::from_millis(20));
+        reactor.set_timer(token, later);
+        // Sooner: the timerfd is re-armed for it; cancelled: re-armed for `later` again.
+        reactor.set_timer(token, sooner);
+        reactor.cancel_timer(token, sooner);
+        wait_for("the timer", || !timed.0.lock().unwrap().is_empty());
+        std::thread::sleep(Duration::from_millis(60));
+        let fired = timed.0.lock().unwrap().clone();
+        assert_eq!(fired.len(), 1, "one call: the cancelled timer never fired");
+        assert!(fired[0] >= later, "not before its deadline");
+        reactor.deregister(token, None);
     }
 }

@@ -1068,10 +1068,7 @@ pub(crate) fn icrc_ip(src: IpAddr, dst: IpAddr) -> IcrcIp {
     }
 }
 
-const READ: Interest = Interest {
-    read: true,
-    write: false,
-};
+const READ: Interest = Interest::READ;
 /// A socket blocked waiters hold: the progress thread is not woken for it.
 const NOTHING: Interest = Interest {
     read: false,

@@ -1,0 +1,133 @@
+//! Rounds of the reactor run by an application thread that waits for something only a
+//! round can produce (a CM event: `rdma_get_cm_event`).
+//!
+//! Such a thread would otherwise sleep until the progress thread has run, and then be woken
+//! by it: two cross-CPU wakeups per step of a connection handshake. Instead it declares
+//! itself ([`Reactor::drive`]), waits on the sources' epoll set as well ([`Reactor::ready_fd`])
+//! and, when that is readable, runs the round itself ([`Reactor::caller_round`]): the fd
+//! events waiting now, dispatched to their sources exactly as the progress thread would.
+//! While a thread drives, the sources' readiness no longer wakes the progress thread (their
+//! set leaves the one it waits on); kicks and timers stay with it.
+//!
+//! Rounds never overlap: each holds the reactor's turn from its `epoll_wait` to the end of
+//! its calls, so a source is never called for readiness another round already handled.
+
+use super::{Event, Reactor, Source, Token};
+use std::cell::Cell;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::{Arc, MutexGuard};
+
+/// The most fd events one caller round dispatches.
+const CALLER_ROUND_EVENTS: usize = 64;
+
+thread_local! {
+    /// This thread is calling sources (a source that waits for a CM event must not start a
+    /// round of its own: the turn is taken).
+    static IN_ROUND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The reactor's turn, held while a round calls its sources.
+pub(super) struct Turn<'a> {
+    _held: MutexGuard<'a, ()>,
+}
+
+impl Turn<'_> {
+    /// Calls each source, marking this thread as inside a round meanwhile.
+    pub(super) fn dispatch(self, calls: Vec<(Arc<dyn Source>, Token, Event)>) {
+        struct Inside;
+        impl Drop for Inside {
+            fn drop(&mut self) {
+                IN_ROUND.with(|r| r.set(false));
+            }
+        }
+        IN_ROUND.with(|r| r.set(true));
+        let _inside = Inside;
+        for (s, token, ev) in calls {
+            s.on_event(token, ev);
+        }
+    }
+}
+
+impl Reactor {
+    /// Waits for the end of any round under way, and keeps others from starting.
+    pub(super) fn take_turn(&self) -> Turn<'_> {
+        Turn {
+            _held: self.turn.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    /// The sources' epoll set: readable while a registered fd has an event waiting. For
+    /// `poll` by a thread that then runs [`Reactor::caller_round`].
+    pub fn ready_fd(&self) -> BorrowedFd<'_> {
+        self.epfd.as_fd()
+    }
+
+    /// One non-blocking round on the calling thread (see the module): the fd events waiting
+    /// now, dispatched to their sources. Waits for a round under way on another thread to end
+    /// first. False if it called no source (the events were handled already, or they were
+    /// for sources that are gone): the caller should then leave the work to the progress
+    /// thread rather than poll the epoll set again at once.
+    pub fn caller_round(&self) -> bool {
+        if IN_ROUND.with(Cell::get) || self.lock().fork_pause {
+            return false;
+        }
+        let turn = self.take_turn();
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
+        let n = self.harvest(&mut events, 0);
+        let calls = self.collect(&events[..n], false);
+        let any = !calls.is_empty();
+        turn.dispatch(calls);
+        any
+    }
+}
+
+/// An application thread that runs rounds ([`Reactor::drive`]); dropping it hands the
+/// sources back to the progress thread.
+pub struct Driving<'a> {
+    reactor: &'a Reactor,
+}
+
+impl Reactor {
+    /// Declares that the calling thread runs rounds until the guard is dropped: the sources'
+    /// readiness stops waking the progress thread (with the first such thread) and wakes it
+    /// again (with the last); what became ready meanwhile is reported to it at once.
+    pub fn drive(&self) -> Driving<'_> {
+        let mut st = self.lock();
+        st.drivers += 1;
+        if st.drivers == 1 {
+            self.sources_wake_progress(false);
+        }
+        Driving { reactor: self }
+    }
+
+    /// Puts the sources' set into the progress thread's (`wake`) or takes it out.
+    fn sources_wake_progress(&self, wake: bool) {
+        let (op, mut ev) = if wake {
+            (
+                libc::EPOLL_CTL_ADD,
+                libc::epoll_event {
+                    events: libc::EPOLLIN as u32,
+                    u64: super::SOURCES,
+                },
+            )
+        } else {
+            (libc::EPOLL_CTL_DEL, libc::epoll_event { events: 0, u64: 0 })
+        };
+        // SAFETY: two epoll fds the reactor owns and a valid event struct. Adding a set that
+        // is ready reports it at once, so nothing that arrived in between is missed.
+        let r = unsafe { libc::epoll_ctl(self.outer.as_raw_fd(), op, self.epfd.as_raw_fd(), &mut ev) };
+        if r < 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), wake, "epoll_ctl on the reactor's sources set failed");
+        }
+    }
+}
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        let mut st = self.reactor.lock();
+        st.drivers -= 1;
+        if st.drivers == 0 {
+            self.reactor.sources_wake_progress(true);
+        }
+    }
+}
