@@ -144,11 +144,16 @@ impl QpDriver for ConnHandle {
     /// thread runs, without reading.
     fn posted(&self) {
         let sent = match self.conn.st.try_lock() {
-            Ok(mut st) if matches!(st.phase, Phase::Established { .. }) => {
-                self.conn.on_established(&mut st, Event::default());
-                true
-            }
-            _ => false,
+            Ok(mut st) => match st.phase {
+                Phase::Established { .. } => {
+                    self.conn.on_established(&mut st, Event::default());
+                    true
+                }
+                // Nothing goes out any more: the progress thread would find nothing to do.
+                Phase::Closed => true,
+                _ => false,
+            },
+            Err(_) => false,
         };
         if !sent {
             self.kick();
@@ -157,10 +162,12 @@ impl QpDriver for ConnHandle {
 }
 
 impl ConnHandle {
-    /// Closes the connection: the QP moves to ERR and outstanding work flushes.
+    /// Closes the connection: the QP moves to ERR and outstanding work flushes. On the
+    /// caller's thread when no other thread is inside the connection (as a post), else on the
+    /// progress thread.
     pub fn disconnect(&self) {
         self.conn.lock().disconnect = true;
-        self.kick();
+        self.posted();
     }
 
     /// Local address of the TCP connection.
@@ -346,6 +353,15 @@ impl TcpConn {
             if let Some(t) = self.token() {
                 self.reactor.set_interest(t, self.fd, Interest { read, write });
             }
+        }
+    }
+
+    /// Turns read interest on and write interest off: a passive connection, whose reading
+    /// was off while the application decided, starts carrying traffic.
+    pub(crate) fn read_from_now(&self, st: &mut ConnState) {
+        st.writing = false;
+        if let Some(t) = self.token() {
+            self.reactor.set_interest(t, self.fd, Interest::READ);
         }
     }
 

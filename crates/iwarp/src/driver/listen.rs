@@ -6,7 +6,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::handshake::{self, MpaParams};
 use socket2::{Domain, Protocol, Socket, Type};
 use softrdma_verbs::progress::{Event, Interest, Reactor, Source, Token};
-use softrdma_verbs::{bail, Error, Qp, QpState, Result};
+use softrdma_verbs::{bail, Error, Qp, QpDriver, QpState, Result};
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -126,17 +126,7 @@ impl ListenShared {
             timeout,
             listener: self.me.clone(),
         };
-        let conn = TcpConn::register(
-            s,
-            local,
-            peer,
-            phase,
-            None,
-            Interest {
-                read: true,
-                write: false,
-            },
-        )?;
+        let conn = TcpConn::register(s, local, peer, phase, None, Interest::READ)?;
         conn.set_timer(deadline);
         Ok(())
     }
@@ -316,14 +306,7 @@ impl Listener {
         // As for connections: the first event waits (on the socket lock) until the token is set.
         let hold = shared.sock.lock();
         let token = reactor
-            .register(
-                fd,
-                Interest {
-                    read: true,
-                    write: false,
-                },
-                shared.clone(),
-            )
+            .register(fd, Interest::READ, shared.clone())
             .map_err(|e| Error::os(format!("listen on {addr}: epoll"), &e))?;
         let _ = shared.token.set(token);
         drop(hold);
@@ -482,17 +465,17 @@ impl ConnRequest {
             qp: qp.inner().clone(),
         };
         conn.publish();
-        // Through the connection's own bookkeeping: the data path turns write interest off
-        // again once the Reply is out (set directly, it stayed on, and an idle connection woke
-        // the progress thread in a loop).
-        conn.set_write_interest(&mut st, true, true);
+        // Reading was off while the application decided.
+        conn.read_from_now(&mut st);
         drop(st);
-        conn.kick();
         sink(ConnEvent::Established {
             private_data: neg.peer_private_data,
             ird: neg.ird,
             ord: neg.ord,
         });
+        // The Reply goes out from this thread, as a post would (the data path sends it before
+        // any FPDU, and turns write interest on if the socket cannot take it all).
+        handle.posted();
         Ok(handle)
     }
 
