@@ -48,6 +48,8 @@ pub use term::terminate_status;
 pub const MAX_SEGMENT_PAYLOAD: usize = 65_536 - 64;
 /// TX bytes the engine prepares ahead of the socket.
 pub const TX_HIGH_WATER: usize = 512 * 1024;
+/// The room for own TX bytes (headers, trailers, copied payloads) a new engine starts with.
+const TX_OWN_START: usize = 4096;
 
 /// Settings fixed at connection time.
 #[derive(Debug, Clone)]
@@ -216,6 +218,8 @@ pub struct Engine {
     // receive
     rx: Vec<u8>,
     rx_len: usize,
+    /// The last receive filled the buffer to its end (see `grow_rx`).
+    rx_filled: bool,
     recv_msn: u32,
     rreq_msn_expected: u32,
     cur_recv: Option<RecvInProgress>,
@@ -236,7 +240,10 @@ impl Engine {
         Engine {
             qp,
             phase: Phase::Running,
-            txq: tx_queue::TxQueue::with_capacity(TX_HIGH_WATER + 2 * MAX_SEGMENT_PAYLOAD),
+            // Small at first: the own bytes are headers and trailers unless CRC is on (then the
+            // payloads too, and it grows once to about TX_HIGH_WATER). Reserving that for
+            // every connection cost each a heap extension (`brk`) and its page faults.
+            txq: tx_queue::TxQueue::with_capacity(TX_OWN_START),
             reset: false,
             // Held until `release_tx` (the driver's timing, see `crate::handshake`) or the
             // peer's first FPDU, on both sides.
@@ -250,8 +257,9 @@ impl Engine {
             irq: VecDeque::new(),
             orq: VecDeque::new(),
             inflight: Inflight::default(),
-            rx: vec![0u8; 256 * 1024],
+            rx: vec![0u8; rx::RX_BUFFER_START],
             rx_len: 0,
+            rx_filled: false,
             recv_msn: 1,
             rreq_msn_expected: 1,
             cur_recv: None,

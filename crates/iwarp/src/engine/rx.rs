@@ -31,26 +31,40 @@ fn scatter(pieces: &[Piece], mut at: usize, mut data: &[u8]) -> bool {
     data.is_empty()
 }
 
+/// The receive buffer of a new connection.
+pub(super) const RX_BUFFER_START: usize = 16 * 1024;
+/// The size the receive buffer doubles to while receives fill it.
+const RX_BUFFER_BATCH: usize = 256 * 1024;
+/// The free space a receive from the socket gets at least ([`Engine::rx_scatter`]).
+pub(super) const RX_FREE_MIN: usize = 4 * 1024;
+
 impl Engine {
     /// Free space to read socket bytes into (at least 64 KiB). (A driver that reads into it
     /// alone forgoes direct placement: see [`Engine::rx_scatter`].)
     pub fn rx_space(&mut self) -> &mut [u8] {
-        self.grow_rx();
+        self.grow_rx(64 * 1024);
         &mut self.rx[self.rx_len..]
     }
 
-    /// Makes at least 64 KiB of the receive buffer free.
-    pub(super) fn grow_rx(&mut self) {
-        if self.rx.len() - self.rx_len < 64 * 1024 {
-            let grow = (self.rx.len() * 2).max(self.rx_len + 64 * 1024);
+    /// Makes at least `min_free` bytes of the receive buffer free; doubles it (up to
+    /// [`RX_BUFFER_BATCH`]) after a receive that filled it, so that a stream of FPDUs takes
+    /// few receive calls, while a connection that never streams keeps a small buffer
+    /// (allocating, zeroing and faulting in 256 KiB for each new connection was a fifth of a
+    /// CM cycle's time).
+    pub(super) fn grow_rx(&mut self, min_free: usize) {
+        let free = self.rx.len() - self.rx_len;
+        if free < min_free || (self.rx_filled && self.rx.len() < RX_BUFFER_BATCH) {
+            let grow = (self.rx.len() * 2).max(self.rx_len + min_free);
             self.rx.resize(grow, 0);
         }
+        self.rx_filled = false;
     }
 
     /// `n` bytes were read into [`Engine::rx_space`]: process every complete FPDU.
     pub fn rx_commit(&mut self, n: usize) {
         self.stats.rx_bytes += n as u64;
         self.rx_len = (self.rx_len + n).min(self.rx.len());
+        self.rx_filled = self.rx_len == self.rx.len();
         let pos = self.direct_from_buffer(0);
         let mut pos = self.skip_trailer(pos);
         while self.phase == Phase::Running && self.direct.is_none() {

@@ -66,12 +66,13 @@ enum Kind {
 }
 
 impl Engine {
-    /// Where the next socket bytes go: the receive buffer (at least 64 KiB); or, while a
+    /// Where the next socket bytes go: the receive buffer (at least 4 KiB, more while
+    /// receives fill it); or, while a
     /// payload is placed directly, the rest of it in its MR, then only its pad and CRC field
     /// and the next FPDU's header in the buffer. A stream of large WRITEs then takes one
     /// receive call per FPDU and no copy: each call ends where the next payload starts.
     pub fn rx_scatter<'a>(&'a mut self, out: &mut Vec<Scatter<'a>>) {
-        self.grow_rx();
+        self.grow_rx(super::rx::RX_FREE_MIN);
         let Engine { direct, rx, rx_len, .. } = self;
         let mut end = rx.len();
         if let Some(d) = direct {

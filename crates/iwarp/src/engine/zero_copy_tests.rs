@@ -551,3 +551,33 @@ fn a_stream_of_large_sends_is_placed_directly_segment_after_segment() {
     }
     assert_eq!(b.eng.stats.terminates_sent, 0);
 }
+
+#[test]
+fn the_receive_buffer_starts_small_and_doubles_while_receives_fill_it() {
+    let (mut a, mut b) = (side(3, true), side(4, false));
+    assert_eq!(b.eng.rx.len(), super::rx::RX_BUFFER_START);
+    // A connection that carries one small message keeps its small buffer.
+    let rbuf = b.qp.register(64, Access::LOCAL_WRITE);
+    a_small_send_arrives(&mut a, &mut b, &rbuf);
+    assert_eq!(b.eng.rx.len(), super::rx::RX_BUFFER_START);
+    // 64 WRITEs of 4 KiB (too small to be placed directly) wait in the socket at once: each
+    // receive call fills what it is offered, and the buffer doubles to 256 KiB.
+    let (mut a, mut b) = (side(5, true), side(6, false));
+    let src = a.qp.register(4096, Access::LOCAL_WRITE);
+    let dst = b.qp.register(4096, remote());
+    for i in 0..64 {
+        a.qp.post_send(SendWr::write(
+            10 + i,
+            vec![sge(&src, 0, 4096)],
+            dst.region.addr(),
+            dst.rkey,
+        ));
+        a.eng.fill_tx();
+    }
+    let wire = take_wire(&mut a.eng);
+    assert!(wire.len() > 256 * 1024, "{} bytes queued", wire.len());
+    receive(&mut b.eng, &wire, usize::MAX);
+    assert_eq!(b.eng.rx.len(), 256 * 1024);
+    assert_eq!(b.eng.stats.rx_fpdus, 64);
+    assert_eq!(b.eng.stats.terminates_sent, 0);
+}
