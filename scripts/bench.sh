@@ -14,7 +14,8 @@
 #   connection setup: crates/cm/examples/conn_rate.rs (softrdma-cm create, resolve, QPs,
 #     connect, accept, disconnect, destroy on siw_lo, then over the IB CM on rxe_lo) against
 #     raw TCP connect+accept+close,
-#     which the example measures itself, in the same process.
+#     which the example measures itself, in the same process (as root, in a network namespace
+#     of its own that keeps no TIME_WAIT sockets; see cm_rate).
 # Takes about 1 min after the release build on 2 vCPUs (BENCH_QUICK=1: shorter runs, about 20 s,
 # to check that every row gives a number; its numbers are noisier). Nothing is pinned to a CPU:
 # run it on a quiet machine and compare ratios, not absolute numbers. SOFTRDMA_POLL=1 in the
@@ -58,10 +59,12 @@ conn_rate=$target/release/examples/conn_rate
 
 work=$(mktemp -d -t softrdma-bench.XXXXXX)
 pids=()   # background servers still running
+cm_ns=()  # the prefix that runs conn_rate in its own network namespace (see below)
 cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ ${#cm_ns[@]} -gt 0 ]; then ip netns del "${cm_ns[3]}" 2>/dev/null || true; fi
   if [ "${keep_logs:-0}" = 1 ]; then echo "bench: logs in $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -171,7 +174,7 @@ sockperf_pp() {
 # | TCP/CM |" with SOFTRDMA_TRANSPORTS=TRANSPORTS (over 127.0.0.1, iwarp: siw_lo, roce: rxe_lo)
 cm_rate() {
   local name=$1
-  client "$work/$name.log" env SOFTRDMA_TRANSPORTS="$2" "$conn_rate" "$conns"
+  client "$work/$name.log" "${cm_ns[@]}" env SOFTRDMA_TRANSPORTS="$2" "$conn_rate" "$conns"
   read -r "val[$name]" "val[$name.us]" "val[tcp$name]" "val[tcp$name.us]" < <(awk -F'|' 'NF >= 5 && $2 + 0 > 0 {
       gsub(/[()]/, "", $3); gsub(/[()]/, "", $4); print $3, $4 }' "$work/$name.log") || true
 }
@@ -191,6 +194,19 @@ sockperf_pp block block
 ib_lat send_lat_ev ib_send_lat -e
 perf_lat perf_ev_iw --events
 perf_lat perf_ev_roce --events -d rxe_lo
+# Each connection cycle leaves a TIME_WAIT socket (about 2,000 a run), and thousands of them
+# slow connect() itself: as root, conn_rate runs in a network namespace of its own (loopback
+# only) that keeps none, so that one run does not slow the next.
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
+  ns=softrdma-bench-$$
+  if ip netns add "$ns" && ip netns exec "$ns" ip link set lo up &&
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_max_tw_buckets=0; then
+    cm_ns=(ip netns exec "$ns")
+  else
+    ip netns del "$ns" 2>/dev/null || true
+    echo "bench: no network namespace for conn_rate; it runs on the host" >&2
+  fi
+fi
 cm_rate cm iwarp
 cm_rate cmr roce
 
