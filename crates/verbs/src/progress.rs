@@ -247,8 +247,8 @@ impl Reactor {
     /// Removes a source; its fd (if any) must still be open and is removed from epoll.
     pub fn deregister(&self, token: Token, fd: Option<RawFd>) {
         if let Some(fd) = fd {
-            // SAFETY: valid epoll fd; failure (fd already gone) is harmless.
-            unsafe { libc::epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+            // Failure (the fd already gone) is harmless.
+            let _ = epoll_del(&self.epfd, fd);
         }
         let mut st = self.lock();
         st.sources.remove(&token);
@@ -465,6 +465,15 @@ fn epoll_add(ep: &OwnedFd, fd: RawFd, token: Token) -> std::io::Result<()> {
     };
     // SAFETY: valid epoll fd, an fd the caller keeps open, a valid event struct.
     if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes `fd` from the epoll set `ep`.
+fn epoll_del(ep: &OwnedFd, fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: valid epoll fd; a null event is allowed for EPOLL_CTL_DEL.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

@@ -102,22 +102,15 @@ impl Reactor {
 
     /// Puts the sources' set into the progress thread's (`wake`) or takes it out.
     fn sources_wake_progress(&self, wake: bool) {
-        let (op, mut ev) = if wake {
-            (
-                libc::EPOLL_CTL_ADD,
-                libc::epoll_event {
-                    events: libc::EPOLLIN as u32,
-                    u64: super::SOURCES,
-                },
-            )
+        // Adding a set that is ready reports it at once, so nothing that arrived in between
+        // is missed.
+        let r = if wake {
+            super::epoll_add(&self.outer, self.epfd.as_raw_fd(), super::SOURCES)
         } else {
-            (libc::EPOLL_CTL_DEL, libc::epoll_event { events: 0, u64: 0 })
+            super::epoll_del(&self.outer, self.epfd.as_raw_fd())
         };
-        // SAFETY: two epoll fds the reactor owns and a valid event struct. Adding a set that
-        // is ready reports it at once, so nothing that arrived in between is missed.
-        let r = unsafe { libc::epoll_ctl(self.outer.as_raw_fd(), op, self.epfd.as_raw_fd(), &mut ev) };
-        if r < 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), wake, "epoll_ctl on the reactor's sources set failed");
+        if let Err(error) = r {
+            tracing::warn!(%error, wake, "epoll_ctl on the reactor's sources set failed");
         }
     }
 }
