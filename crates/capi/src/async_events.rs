@@ -150,7 +150,7 @@ pub(crate) fn unregister(obj: Object, c: *mut c_void) {
 
 fn get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> CResult<c_int> {
     non_null(event, "event")?;
-    let events = with_context(ctx, |c| Ok(c.verbs().async_events().clone()))?;
+    let events = with_context(ctx, |c| Ok(c.verbs().async_events().clone())).map_err(crate::exit::unless_exiting)?;
     loop {
         // Blocks outside every lock (the context cannot be closed under a reader: the
         // application owns that ordering, as with rdma-core).

@@ -87,25 +87,6 @@ pub(crate) fn ucma_init() -> CResult<()> {
     Ok(())
 }
 
-/// Longest wait at exit for the IB CM's last MADs.
-const EXIT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// The library's destructor (process exit): lets the IB CM MADs queued last (the DREP of an
-/// `rdma_disconnect` after DISCONNECTED, the DREQ of an `rdma_destroy_id`) leave the process
-/// before it ends, as the kernel's CM would still send them (`softrdma_cm::flush_mads`), and
-/// lets iWARP FINs held by `softrdma_iwarp::driver::FIN_GRACE` go out, and gives connections
-/// the application never closed the same grace (the exit would close those sockets at once).
-extern "C" fn flush_cm_at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        softrdma_iwarp::driver::wait_fin_grace_at_exit(softrdma_iwarp::driver::FIN_GRACE * 2);
-        softrdma_cm::flush_mads(EXIT_FLUSH_LIMIT)
-    });
-}
-
-#[used]
-#[link_section = ".fini_array"]
-static FLUSH_CM_AT_EXIT: extern "C" fn() = flush_cm_at_exit;
-
 // ---------------------------------------------------------------------------------------------
 // Per-device context and default PD
 
@@ -1039,7 +1020,10 @@ fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) 
     // A clone: the application may destroy the channel while this call blocks (rping's
     // cm_thread waits here when main calls rdma_destroy_event_channel); the wait must only
     // touch what it owns (AddressSanitizer: heap-use-after-free, scripts/asan.sh tools).
-    let ch = unsafe { SoftEventChannel::from_c(channel)? }.ch.clone();
+    let ch = match unsafe { SoftEventChannel::from_c(channel) } {
+        Ok(c) => c.ch.clone(),
+        Err(e) => return Err(crate::exit::unless_exiting(e)),
+    };
     non_null(out, "event")?;
     loop {
         let ev = ch.get_event(None)?;

@@ -24,6 +24,8 @@
 //! - `async_events`: `ibv_get_async_event` / `ibv_ack_async_event` over the context's queue.
 //! - `mw`: memory windows (`ibv_alloc_mw`, `ibv_bind_mw`, the BIND_MW work request).
 //! - `cm_helpers`: the smaller librdmacm calls (device list, ports, SRQs on ids, ECE, notify).
+//! - `exit`: the destructor (the last MADs and FINs leave first), and event calls of other
+//!   threads during the exit.
 //! - `fork`, `rates`, `marshall`, `l2_resolve`: fork support, rate and kernel-ABI helpers,
 //!   `ibv_resolve_eth_l2_from_gid`.
 //! - `kernel_only`: what needs a kernel object (import, dma-buf, ECE on QPs): EOPNOTSUPP as
@@ -82,6 +84,7 @@ mod cq_ex;
 mod datapath;
 mod device;
 mod error;
+mod exit;
 mod fork;
 #[rustfmt::skip]
 mod generated_stubs;

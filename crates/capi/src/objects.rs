@@ -371,7 +371,7 @@ pub(crate) fn destroy_cq(p: *mut ibv_cq) -> CResult<()> {
 
 fn get_cq_event(channel: *mut ibv_comp_channel, cq: *mut *mut ibv_cq, cq_context: *mut *mut c_void) -> CResult<c_int> {
     // SAFETY: `channel` is a channel of this library (C contract).
-    let ch = unsafe { SoftCompChannel::from_c(channel)? };
+    let ch = unsafe { SoftCompChannel::from_c(channel) }.map_err(crate::exit::unless_exiting)?;
     non_null(cq, "cq")?;
     non_null(cq_context, "cq_context")?;
     loop {

@@ -506,6 +506,16 @@ fn c_program_connects_through_the_cm() {
 }
 
 #[test]
+fn an_event_thread_calling_during_the_exit_waits_for_it() {
+    // tests/c/exit_with_event_thread.c: rping's teardown (an unjoined cm_thread calls
+    // rdma_get_cm_event after main destroyed the channel, while the destructor waits for the
+    // FINs). The call waits for the exit: main's status 0, nothing printed by the thread.
+    let r = c_program("exit_with_event_thread");
+    assert!(!r.stdout.contains("event thread:"), "{}", r.describe());
+    assert!(r.stderr.is_empty(), "{}", r.describe());
+}
+
+#[test]
 fn a_forked_child_gets_a_working_library_and_the_parent_keeps_working() {
     // tests/c/fork.c: the child runs verified RC traffic on rxe_lo and an rdma_cm connection
     // on siw_lo; the parent's objects fail in it at once; the parent's RC traffic stays
