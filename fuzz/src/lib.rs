@@ -498,6 +498,8 @@ pub mod rx {
                     break;
                 }
             }
+            // What the engine reported, delivered as the driver does.
+            self.engine.take_outputs().deliver(&**self.engine.qp());
             while let Some(wc) = self.cq.poll_one() {
                 self.wcs.push(wc);
             }

@@ -707,6 +707,9 @@ impl World {
             assert!(p.payload.len() <= self.mtu);
             self.sent.1 += 1;
         }
+        // What the engines reported, delivered as the driver does.
+        self.rc.take_outputs().deliver(&**self.rc.qp());
+        self.ud.take_outputs().deliver(&**self.ud.qp());
         while let Some(wc) = self.cq.poll_one() {
             self.wcs.push(wc);
         }

@@ -1,5 +1,6 @@
 //! One TCP connection: connect or accept, the MPA exchange, then the engine's data path.
 
+use super::conn_guard::{deliver, ConnGuard};
 use super::listen::ListenShared;
 use super::{ConnEvent, ConnectParams, EventSink};
 use crate::engine::{Engine, EngineConfig, Phase as EnginePhase};
@@ -12,7 +13,7 @@ use softrdma_verbs::{bail, Errno, Error, Qp, QpDriver, QpState, Result};
 use std::io::{ErrorKind, Read};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 /// Bytes read from a socket per readiness event before yielding to other connections.
@@ -143,8 +144,8 @@ impl QpDriver for ConnHandle {
     /// the connection (else the progress thread sends them): the same round the progress
     /// thread runs, without reading.
     fn posted(&self) {
-        let sent = match self.conn.st.try_lock() {
-            Ok(mut st) => match st.phase {
+        let sent = match self.conn.try_lock() {
+            Some(mut st) => match st.phase {
                 Phase::Established { .. } => {
                     self.conn.on_established(&mut st, Event::default());
                     true
@@ -153,7 +154,7 @@ impl QpDriver for ConnHandle {
                 Phase::Closed => true,
                 _ => false,
             },
-            Err(_) => false,
+            None => false,
         };
         if !sent {
             self.kick();
@@ -223,15 +224,16 @@ fn addr_domain(a: &SocketAddr) -> Domain {
 }
 
 impl TcpConn {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    /// The state; the engine's reports are delivered when the guard drops.
+    pub(crate) fn lock(&self) -> ConnGuard<'_> {
+        ConnGuard(self.st.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The state, unless another thread holds it.
-    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, ConnState>> {
+    pub(crate) fn try_lock(&self) -> Option<ConnGuard<'_>> {
         match self.st.try_lock() {
-            Ok(st) => Some(st),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Ok(st) => Some(ConnGuard(st)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(ConnGuard(p.into_inner())),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
@@ -322,6 +324,8 @@ impl TcpConn {
         let reset = matches!(&st.phase, Phase::Established { engine, .. } if engine.wants_reset());
         if let Phase::Established { engine, qp } = &mut st.phase {
             engine.local_error("connection closed");
+            // The flush completions, before the engine goes with the phase.
+            deliver(engine);
             qp.detach_driver();
         }
         st.phase = Phase::Closed;
@@ -639,6 +643,8 @@ impl TcpConn {
                     }
                     Ok(n) => {
                         engine.rx_received(n);
+                        // Completions as they happen, not after the whole budget.
+                        deliver(engine);
                         budget = budget.saturating_sub(n);
                         let now = Instant::now();
                         *last_rx = Some(now);
@@ -703,7 +709,10 @@ impl TcpConn {
                     send_gather(sock.as_fd(), &parts, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
                 };
                 match sent {
-                    Ok(n) => engine.tx_consumed(n),
+                    Ok(n) => {
+                        engine.tx_consumed(n);
+                        deliver(engine);
+                    }
                     Err(GatherError::Revoked { index }) => {
                         engine.tx_memory_lost(index, "its memory region was deregistered")
                     }

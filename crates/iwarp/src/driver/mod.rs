@@ -6,6 +6,7 @@
 
 mod caller;
 mod conn;
+mod conn_guard;
 mod listen;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@
 //! stream completes the entry it names with its error and flushes everything not yet
 //! completed.
 
-use softrdma_verbs::QpHost;
+use softrdma_verbs::qp_host::QpOutputs;
 use softrdma_verbs::{WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 
@@ -118,14 +118,14 @@ impl Inflight {
 
     /// A READ (or the RTR READ) with sequence `seq` completed: it and everything before it is
     /// complete (RFC 5040 orders a Read Response after every message sent before its request).
-    pub fn confirm_through(&mut self, seq: u64, qp: &dyn QpHost) {
+    pub fn confirm_through(&mut self, seq: u64, qpn: u32, out: &mut QpOutputs) {
         for e in self.entries.iter_mut() {
             if e.seq > seq {
                 break;
             }
             e.done = true;
         }
-        self.release(qp);
+        self.release(qpn, out);
     }
 
     /// Marks every SEND/WRITE that precedes `seq` as confirmed (the peer processed them).
@@ -141,15 +141,15 @@ impl Inflight {
     }
 
     /// Completes confirmed entries from the head, in order.
-    pub fn release(&mut self, qp: &dyn QpHost) {
+    pub fn release(&mut self, qpn: u32, out: &mut QpOutputs) {
         while self.entries.front().is_some_and(|e| e.done) {
             let Some(e) = self.entries.pop_front() else { break };
             if e.is_rtr() {
                 continue;
             }
-            let mut wc = WorkCompletion::new(e.wr_id, WcStatus::Success, e.opcode(), qp.qpn());
+            let mut wc = WorkCompletion::new(e.wr_id, WcStatus::Success, e.opcode(), qpn);
             wc.byte_len = e.byte_len;
-            qp.complete_send(wc, e.signaled);
+            out.send_done(wc, e.signaled);
         }
     }
 
@@ -169,11 +169,11 @@ impl Inflight {
     /// it in the stream was processed by the peer), and flushes the rest: an entry behind the
     /// failed one, or behind an unanswered READ, flushes even if its bytes had left (the peer
     /// stopped processing before it).
-    pub fn fail(&mut self, seq: Option<u64>, status: WcStatus, vendor_err: u32, qp: &dyn QpHost) {
+    pub fn fail(&mut self, seq: Option<u64>, status: WcStatus, vendor_err: u32, qpn: u32, out: &mut QpOutputs) {
         if let Some(seq) = seq {
             self.confirm_before(seq);
         }
-        self.release(qp);
+        self.release(qpn, out);
         while let Some(e) = self.entries.pop_front() {
             if e.is_rtr() {
                 continue;
@@ -183,11 +183,11 @@ impl Inflight {
             } else {
                 WcStatus::WrFlushErr
             };
-            let mut wc = WorkCompletion::new(e.wr_id, st, e.opcode(), qp.qpn());
+            let mut wc = WorkCompletion::new(e.wr_id, st, e.opcode(), qpn);
             if st != WcStatus::WrFlushErr {
                 wc.vendor_err = vendor_err;
             }
-            qp.complete_send(wc, true);
+            out.send_done(wc, true);
         }
     }
 }

@@ -5,9 +5,10 @@
 //! send come out ([`Engine::fill_tx`], [`Engine::tx_gather`], [`Engine::tx_consumed`]): the
 //! engine's own bytes and, without CRC, ranges of registered memory sent from the MR.
 //! The engine reads the QP's send and receive queues, places data into registered memory
-//! after checking keys, PD, rights and bounds, and reports completions. It never touches a
-//! socket, a clock or a thread, so every case runs in a unit test with two engines wired
-//! back to back.
+//! after checking keys, PD, rights and bounds, and reports completions and async events as
+//! values ([`Engine::take_outputs`]) for its driver to deliver. It never touches a socket, a
+//! CQ, a clock or a thread, so every case runs in a unit test with two engines wired back to
+//! back.
 //!
 //! Completion semantics (as Linux siw): a SEND or RDMA WRITE completes at the source once all
 //! of its bytes were handed to the LLP, i.e. taken by the socket ([`Engine::tx_consumed`]); no
@@ -35,6 +36,7 @@ mod zero_copy_tests;
 
 use inflight::Inflight;
 use softrdma_verbs::mr::MrInner;
+use softrdma_verbs::qp_host::QpOutputs;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::RecvWr;
 use std::collections::VecDeque;
@@ -215,6 +217,8 @@ pub struct Engine {
     irq: VecDeque<ReadResp>,
     orq: VecDeque<OrqEntry>,
     inflight: Inflight,
+    /// Completions, flushes and async events for the driver to deliver ([`Engine::take_outputs`]).
+    out: QpOutputs,
     // receive
     rx: Vec<u8>,
     rx_len: usize,
@@ -257,6 +261,7 @@ impl Engine {
             irq: VecDeque::new(),
             orq: VecDeque::new(),
             inflight: Inflight::default(),
+            out: QpOutputs::default(),
             rx: vec![0u8; rx::RX_BUFFER_START],
             rx_len: 0,
             rx_filled: false,
@@ -274,6 +279,13 @@ impl Engine {
     /// The QP this engine serves.
     pub fn qp(&self) -> &Arc<dyn QpHost> {
         &self.qp
+    }
+
+    /// What the engine reported since the last call, oldest first: completions, flushes and
+    /// async events. The driver delivers them to the QP ([`QpOutputs::deliver`]) before it
+    /// lets another thread into the engine, so that they stay in order.
+    pub fn take_outputs(&mut self) -> QpOutputs {
+        self.out.take()
     }
 
     /// Where the engine is.
@@ -336,9 +348,9 @@ impl Engine {
         let (sends, recvs) = qp.enter_error();
         if running && status != softrdma_verbs::WcStatus::WrFlushErr {
             // An error, not the end of the stream (a disconnect flushes, as in Linux siw).
-            qp.report_fatal();
+            self.out.fatal();
         }
-        self.inflight.fail(target, status, vendor_err, &*qp);
+        self.inflight.fail(target, status, vendor_err, qp.qpn(), &mut self.out);
         self.orq.clear();
         self.irq.clear();
         if let Some(tx) = self.cur.take() {
@@ -350,7 +362,7 @@ impl Engine {
         }
         self.direct = None;
         recvs_all.extend(recvs);
-        qp.flush(sends, recvs_all);
+        self.out.flush(sends, recvs_all);
         if self.close_reason.is_none() {
             self.close_reason = Some(reason);
         }

@@ -14,6 +14,26 @@ pub(super) struct Side {
     pub(super) eng: Engine,
 }
 
+impl Side {
+    /// The send completions reported since the last call.
+    pub(super) fn sends(&mut self) -> Vec<WorkCompletion> {
+        super::tests::report(&mut self.eng);
+        self.qp.take_send_wcs()
+    }
+
+    /// The receive completions reported since the last call.
+    pub(super) fn recvs(&mut self) -> Vec<WorkCompletion> {
+        super::tests::report(&mut self.eng);
+        self.qp.take_recv_wcs()
+    }
+
+    /// The async events reported so far.
+    pub(super) fn events(&mut self) -> Vec<AsyncEventKind> {
+        super::tests::report(&mut self.eng);
+        self.qp.events()
+    }
+}
+
 fn side(qpn: u32, initiator: bool) -> Side {
     side_crc(qpn, initiator, true)
 }
@@ -99,7 +119,7 @@ fn send_write_and_read_without_a_device() {
         dst.rkey,
     )));
     assert!(pump(&mut a, &mut b) > 170_000);
-    let recv = b.qp.take_recv_wcs();
+    let recv = b.recvs();
     assert_eq!(
         (recv.len(), recv[0].wr_id, recv[0].status, recv[0].byte_len),
         (1, 40, WcStatus::Success, 70_000)
@@ -108,7 +128,7 @@ fn send_write_and_read_without_a_device() {
     assert_eq!(&got[..70_000], &data[..70_000]);
     assert_eq!(&got[100_000..], &data[..]);
     assert_eq!(
-        statuses(a.qp.take_send_wcs()),
+        statuses(a.sends()),
         vec![(1, WcStatus::Success), (2, WcStatus::Success)]
     );
 
@@ -121,9 +141,9 @@ fn send_write_and_read_without_a_device() {
         dst.rkey,
     )));
     pump(&mut a, &mut b);
-    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(3, WcStatus::Success)]);
+    assert_eq!(statuses(a.sends()), vec![(3, WcStatus::Success)]);
     assert_eq!(bytes(&sink), data);
-    assert!(a.qp.events().is_empty() && b.qp.events().is_empty());
+    assert!(a.events().is_empty() && b.events().is_empty());
 }
 
 #[test]
@@ -141,10 +161,10 @@ fn a_read_past_the_region_is_a_remote_access_error_and_fails_the_qp() {
     a.qp.post_send(signaled(SendWr::send(6, vec![])));
     pump(&mut a, &mut b);
     assert_eq!(
-        statuses(a.qp.take_send_wcs()),
+        statuses(a.sends()),
         vec![(5, WcStatus::RemAccessErr), (6, WcStatus::WrFlushErr)]
     );
     assert_eq!(a.qp.state(), QpState::Err);
-    assert_eq!(a.qp.events(), vec![AsyncEventKind::QpFatal]);
+    assert_eq!(a.events(), vec![AsyncEventKind::QpFatal]);
     assert_eq!(bytes(&sink), vec![0u8; 8192], "nothing was placed");
 }

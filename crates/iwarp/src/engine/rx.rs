@@ -264,8 +264,7 @@ impl Engine {
         if last {
             let seq = entry.seq;
             self.orq.pop_front();
-            let qp = self.qp.clone();
-            self.inflight.confirm_through(seq, &*qp);
+            self.inflight.confirm_through(seq, self.qp.qpn(), &mut self.out);
         }
     }
 
@@ -450,7 +449,7 @@ impl Engine {
                         let mut wc =
                             WorkCompletion::new(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn());
                         wc.byte_len = 0;
-                        self.qp.complete_recv(wc);
+                        self.out.recv_done(wc);
                         let why = format!("receive WR {:#x}: lkey {:#x}: {e}", wqe.wr_id, s.lkey);
                         self.send_terminate((TermLayer::Rdmap, term::rdmap::LOCAL_CATASTROPHIC, 0), Some(ulpdu), why);
                         return false;
@@ -481,7 +480,7 @@ impl Engine {
             let Some(r) = self.cur_recv.take() else { return false };
             let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.qp.qpn());
             wc.byte_len = end as u32;
-            self.qp.complete_recv(wc);
+            self.out.recv_done(wc);
             let why = format!(
                 "SEND of at least {end} bytes does not fit the {}-byte receive buffer (WR {:#x})",
                 r.capacity, r.wqe.wr_id
@@ -499,7 +498,7 @@ impl Engine {
         let Some(r) = self.cur_recv.take() else { return };
         let mut wc = WorkCompletion::new(r.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qp.qpn());
         wc.byte_len = 0;
-        self.qp.complete_recv(wc);
+        self.out.recv_done(wc);
         let why = format!(
             "receive WR {:#x}: its buffer became inaccessible after {} bytes{}",
             r.wqe.wr_id,
@@ -529,7 +528,7 @@ impl Engine {
         wc.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
         if matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate) {
             if let Err(e) = self.qp.invalidate_remote(inval_stag) {
-                self.qp.complete_recv(wc);
+                self.out.recv_done(wc);
                 let why = format!("SEND with invalidate of STag {inval_stag:#x}: {e}");
                 return self.send_terminate(
                     (
@@ -544,6 +543,6 @@ impl Engine {
             wc.wc_flags |= wc_flags::WITH_INV;
             wc.imm_data = inval_stag;
         }
-        self.qp.complete_recv(wc);
+        self.out.recv_done(wc);
     }
 }

@@ -64,7 +64,15 @@ pub(super) fn stream(x: &mut Engine, y: &mut Engine) -> usize {
     let out = x.tx_bytes();
     deliver(y, &out);
     x.tx_consumed(out.len());
+    report(x);
+    report(y);
     out.len()
+}
+
+/// Hands what engine `e` reported (completions, flushes, async events) to its QP host, as
+/// the driver does whenever it lets go of a connection.
+pub(super) fn report(e: &mut Engine) {
+    e.take_outputs().deliver(&**e.qp());
 }
 
 /// Hands `bytes` to engine `y` through its receive buffer, as reads from a socket would.
@@ -92,11 +100,25 @@ fn pump(a: &mut Side, b: &mut Side) -> usize {
     moved
 }
 
-/// The completions `qp` reported since the last call: sends, then receives.
-fn polls(qp: &PlainQp) -> Vec<WorkCompletion> {
-    let mut wcs = qp.take_send_wcs();
-    wcs.extend(qp.take_recv_wcs());
-    wcs
+impl Side {
+    /// The completions reported since the last call: sends, then receives.
+    fn polls(&mut self) -> Vec<WorkCompletion> {
+        let mut wcs = self.sends();
+        wcs.extend(self.recvs());
+        wcs
+    }
+
+    /// The send completions reported since the last call.
+    fn sends(&mut self) -> Vec<WorkCompletion> {
+        report(&mut self.engine);
+        self.qp.take_send_wcs()
+    }
+
+    /// The receive completions reported since the last call.
+    fn recvs(&mut self) -> Vec<WorkCompletion> {
+        report(&mut self.engine);
+        self.qp.take_recv_wcs()
+    }
 }
 
 /// Posts `wrs` in order.
@@ -143,14 +165,14 @@ fn send_recv_multi_segment_and_sges() {
     );
     a.qp.post_send(SendWr::send(1, vec![sge(&src, 0, 150_000), sge(&src, 150_000, 50_000)]));
     pump(&mut a, &mut b);
-    let rc = polls(&b.qp);
+    let rc = b.polls();
     assert_eq!(rc.len(), 1);
     assert_eq!(
         (rc[0].wr_id, rc[0].status, rc[0].opcode, rc[0].byte_len),
         (7, WcStatus::Success, WcOpcode::Recv, len as u32)
     );
     assert_eq!(&bytes(&dst)[..len], &pattern(len, 3)[..]);
-    let sc = polls(&a.qp);
+    let sc = a.polls();
     assert_eq!(sc.len(), 1, "{sc:?}");
     assert_eq!(
         (sc[0].wr_id, sc[0].status, sc[0].opcode),
@@ -183,7 +205,7 @@ fn write_then_read_back_one_mib() {
     ));
     pump(&mut a, &mut b);
     assert_eq!(bytes(&back), pattern(len, 9));
-    let wcs = polls(&a.qp);
+    let wcs = a.polls();
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
     assert_eq!(
         got,
@@ -205,7 +227,7 @@ fn expect_remote_error(mut a: Side, mut b: Side, remote: &MrInner, wr: SendWr, w
     let id = wr.wr_id;
     post_all(&a.qp, [wr, SendWr::send(99, vec![])]);
     pump(&mut a, &mut b);
-    let wcs = polls(&a.qp);
+    let wcs = a.polls();
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(id, want[0]), (99, want[1])]);
     if want[0] != WcStatus::Success {
@@ -215,7 +237,7 @@ fn expect_remote_error(mut a: Side, mut b: Side, remote: &MrInner, wr: SendWr, w
     // As the driver does once the engine closed.
     a.qp.detach();
     a.qp.post_send(SendWr::send(100, vec![]));
-    let late: Vec<_> = statuses(polls(&a.qp));
+    let late: Vec<_> = statuses(a.polls());
     assert_eq!(late, vec![(100, WcStatus::WrFlushErr)]);
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(b.qp.state(), QpState::Err);
@@ -312,11 +334,11 @@ fn recv_too_small_is_loc_len_err_and_rem_inv_req() {
     );
     a.qp.post_send(SendWr::send(10, vec![sge(&src, 0, 100)]));
     pump(&mut a, &mut b);
-    let r: Vec<_> = statuses(polls(&b.qp));
+    let r: Vec<_> = statuses(b.polls());
     assert_eq!(r, vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]);
     // The SEND completed when the socket took it (as on Linux siw); the Terminate then moved
     // the QP to ERR.
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     assert_eq!(s, vec![(10, WcStatus::Success)]);
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(a.engine.stats.terminates_received, 1);
@@ -333,7 +355,7 @@ fn send_without_recv_terminates_per_rfc5041() {
     let t = queued_terminate(&b.engine);
     assert_eq!((t.layer as u8, t.etype, t.ecode), (1, 2, 2), "{}", t.describe());
     pump(&mut a, &mut b);
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     assert_eq!(s, vec![(10, WcStatus::Success)]);
     assert_eq!(a.qp.state(), QpState::Err);
     assert_eq!(b.qp.state(), QpState::Err);
@@ -350,9 +372,9 @@ fn peer_loss_flushes_everything() {
     a.qp.post_send(SendWr::send(11, vec![sge(&src, 0, 16)]));
     a.engine.peer_closed("connection reset");
     b.engine.peer_closed("connection reset");
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     assert_eq!(s, vec![(10, WcStatus::WrFlushErr), (11, WcStatus::WrFlushErr)]);
-    let r: Vec<_> = statuses(polls(&b.qp));
+    let r: Vec<_> = statuses(b.polls());
     assert_eq!(r, vec![(3, WcStatus::WrFlushErr)]);
     assert_eq!(a.qp.state(), QpState::Err);
     let _ = pump(&mut a, &mut b);
@@ -377,7 +399,7 @@ fn srq_inline_and_send_with_invalidate() {
     inv.invalidate_rkey = victim.rkey;
     post_all(&a.qp, [inline, inv]);
     pump(&mut a, &mut b);
-    let r = polls(&b.qp);
+    let r = b.polls();
     assert_eq!(r.len(), 2);
     assert_eq!(&bytes(&dst)[..16], b"inline-hello!!!!");
     assert_eq!(
@@ -389,7 +411,7 @@ fn srq_inline_and_send_with_invalidate() {
     let w = SendWr::write(12, vec![sge(&src, 0, 4)], victim.region.addr(), victim.rkey);
     a.qp.post_send(w);
     pump(&mut a, &mut b);
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     // WRITE 12 completed when the socket took it; the peer's Terminate then moved the QP to ERR.
     assert_eq!(
         s,
@@ -413,7 +435,7 @@ fn bad_lkey_is_local_protection_error() {
     };
     post_all(&a.qp, [SendWr::send(1, vec![sge]), SendWr::send(2, vec![])]);
     pump(&mut a, &mut b);
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     assert_eq!(s, vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]);
 }
 
@@ -544,8 +566,8 @@ fn send_and_write_traffic_puts_no_read_request_on_the_wire() {
         "{ops:?}"
     );
     assert!(sent_b.is_empty(), "the responder sent {} bytes", sent_b.len());
-    assert_eq!(polls(&a.qp).len(), 12);
-    assert_eq!(polls(&b.qp).len(), 6);
+    assert_eq!(a.polls().len(), 12);
+    assert_eq!(b.polls().len(), 6);
 }
 
 #[test]
@@ -556,11 +578,11 @@ fn a_send_completes_when_the_socket_took_its_bytes_before_any_reply() {
     a.engine.fill_tx();
     let n = a.engine.tx_queued();
     assert!(n > 200_000);
-    assert!(polls(&a.qp).is_empty(), "completed before the socket took it");
+    assert!(a.polls().is_empty(), "completed before the socket took it");
     a.engine.tx_consumed(n - 1);
-    assert!(polls(&a.qp).is_empty(), "completed with its last byte still queued");
+    assert!(a.polls().is_empty(), "completed with its last byte still queued");
     a.engine.tx_consumed(1);
-    let s: Vec<_> = polls(&a.qp).iter().map(|w| (w.wr_id, w.status, w.byte_len)).collect();
+    let s: Vec<_> = a.polls().iter().map(|w| (w.wr_id, w.status, w.byte_len)).collect();
     assert_eq!(s, vec![(1, WcStatus::Success, 200_000)]);
     // Nothing was ever delivered to the peer, and nothing else went out.
     assert_eq!(b.engine.stats.rx_fpdus, 0);
@@ -587,14 +609,11 @@ fn completions_stay_in_posting_order_behind_a_read() {
     let n = a.engine.tx_queued();
     let bytes = a.engine.tx_bytes();
     a.engine.tx_consumed(n);
-    assert!(
-        polls(&a.qp).is_empty(),
-        "the SEND completed before the READ ahead of it"
-    );
+    assert!(a.polls().is_empty(), "the SEND completed before the READ ahead of it");
     b.engine.rx_space()[..n].copy_from_slice(&bytes);
     b.engine.rx_commit(n);
     transfer(&mut b, &mut a);
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     assert_eq!(s, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
 }
 
@@ -614,7 +633,7 @@ fn a_send_not_taken_by_the_socket_flushes_when_the_stream_breaks() {
     // The socket takes SEND 1 and part of SEND 2, then the connection breaks.
     a.engine.tx_consumed(1000);
     a.engine.peer_closed("connection reset");
-    let s: Vec<_> = statuses(polls(&a.qp));
+    let s: Vec<_> = statuses(a.polls());
     assert_eq!(
         s,
         vec![
@@ -641,9 +660,9 @@ fn non_p2p_responder_sends_first_once_released() {
     b.engine.release_tx();
     assert!(transfer(&mut b, &mut a) > 0);
     assert_eq!(b.engine.stats.rx_fpdus, 0);
-    let r: Vec<_> = statuses(polls(&a.qp));
+    let r: Vec<_> = statuses(a.polls());
     assert_eq!(r, vec![(5, WcStatus::Success)]);
-    let s: Vec<_> = statuses(polls(&b.qp));
+    let s: Vec<_> = statuses(b.polls());
     assert_eq!(s, vec![(6, WcStatus::Success)]);
     // The initiator without RTR (released by `side`) owes none.
     assert!(!a.engine.tx_release_pending());
@@ -685,7 +704,7 @@ fn non_p2p_initiator_holds_its_first_fpdu_until_released_or_answered() {
             a.engine.release_tx();
         }
         assert!(transfer(&mut a, &mut b) > 0, "answered={answered}");
-        let r: Vec<_> = statuses(polls(&b.qp));
+        let r: Vec<_> = statuses(b.polls());
         assert!(r.contains(&(1, WcStatus::Success)), "answered={answered}: {r:?}");
     }
 }
@@ -718,9 +737,9 @@ fn p2p_responder_waits_for_the_rtr_of_either_type() {
         };
         assert_eq!(opcodes(&log), vec![want], "{rtr:?}");
         pump(&mut a, &mut b);
-        let r: Vec<_> = statuses(polls(&a.qp));
+        let r: Vec<_> = statuses(a.polls());
         assert_eq!(r, vec![(5, WcStatus::Success)], "{rtr:?}: the RTR completes nothing");
-        assert_eq!(polls(&b.qp).len(), 1);
+        assert_eq!(b.polls().len(), 1);
         assert_eq!(a.qp.state(), QpState::Rts);
         assert_eq!(b.qp.state(), QpState::Rts);
     }
@@ -754,7 +773,7 @@ fn a_linux_siw_terminate_fails_the_read_it_names() {
     softrdma_wire::emit_fpdu(&[&ulpdu], true, &mut f).unwrap();
     a.engine.rx_space()[..f.len()].copy_from_slice(&f);
     a.engine.rx_commit(f.len());
-    let wcs = polls(&a.qp);
+    let wcs = a.polls();
     let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(got, vec![(7, WcStatus::RemAccessErr), (8, WcStatus::WrFlushErr)]);
     assert_eq!(a.engine.stats.terminates_received, 1);

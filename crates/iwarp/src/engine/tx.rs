@@ -36,8 +36,7 @@ impl Engine {
         self.stats.tx_bytes += n as u64;
         self.txq.consumed(n);
         if self.phase == Phase::Running && self.inflight.written_through(self.txq.written()) {
-            let qp = self.qp.clone();
-            self.inflight.release(&*qp);
+            self.inflight.release(self.qp.qpn(), &mut self.out);
         }
     }
 

@@ -99,7 +99,7 @@ fn large_payloads_are_sent_from_the_mr_small_ones_copied_and_all_arrive() {
     assert_eq!(part_kinds(&a.eng), (4, 3));
     pump(&mut a, &mut b);
     assert_eq!(
-        statuses(a.qp.take_send_wcs()),
+        statuses(a.sends()),
         vec![(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     let mut got = vec![0u8; 400_000];
@@ -119,11 +119,11 @@ fn large_payloads_are_sent_from_the_mr_small_ones_copied_and_all_arrive() {
     b.eng.fill_tx();
     assert!(part_kinds(&b.eng).1 > 0, "the Read Response is sent from the MR");
     pump(&mut a, &mut b);
-    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(3, WcStatus::Success)]);
+    assert_eq!(statuses(a.sends()), vec![(3, WcStatus::Success)]);
     let mut back = vec![0u8; 200_000];
     assert!(sink.region.read(0, &mut back));
     assert_eq!(back, data);
-    assert!(!a.eng.wants_reset() && a.qp.events().is_empty());
+    assert!(!a.eng.wants_reset() && a.events().is_empty());
 }
 
 #[test]
@@ -150,11 +150,11 @@ fn a_region_deregistered_before_its_fpdu_left_fails_its_wr_and_the_stream_stays_
     big.region.revoke();
     pump(&mut a, &mut b);
     assert_eq!(
-        statuses(a.qp.take_send_wcs()),
+        statuses(a.sends()),
         vec![(1, WcStatus::Success), (2, WcStatus::LocProtErr)]
     );
     assert_eq!(a.qp.state(), QpState::Err);
-    assert_eq!(a.qp.events(), vec![AsyncEventKind::QpFatal]);
+    assert_eq!(a.events(), vec![AsyncEventKind::QpFatal]);
     assert!(!a.eng.wants_reset(), "nothing of the failed FPDU was sent");
     // The peer got the first WRITE whole and no broken FPDU (it would have sent a Terminate).
     let mut got = vec![0u8; 1000];
@@ -184,7 +184,7 @@ fn a_region_deregistered_after_part_of_its_fpdu_left_resets_the_stream() {
     drive(&mut a.eng, &mut b.eng);
     assert!(a.eng.wants_reset(), "the rest of the FPDU cannot follow");
     assert_eq!(a.eng.tx_queued(), 0, "nothing more is sent");
-    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(7, WcStatus::LocProtErr)]);
+    assert_eq!(statuses(a.sends()), vec![(7, WcStatus::LocProtErr)]);
     assert_eq!(a.qp.state(), QpState::Err);
     let why = a.eng.close_reason.clone().unwrap_or_default();
     assert!(why.contains("QP 3") && why.contains("reset"), "{why}");
@@ -208,7 +208,7 @@ fn a_read_source_deregistered_before_its_response_left_is_a_terminate() {
     pump(&mut a, &mut b);
     assert_eq!(b.eng.stats.terminates_sent, 1);
     assert!(!b.eng.wants_reset());
-    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(9, WcStatus::RemAccessErr)]);
+    assert_eq!(statuses(a.sends()), vec![(9, WcStatus::RemAccessErr)]);
     let mut got = vec![0u8; 100_000];
     assert!(sink.region.read(0, &mut got));
     assert!(got.iter().all(|&x| x == 0), "nothing was placed");
@@ -318,7 +318,7 @@ fn a_small_send_arrives(a: &mut Side, b: &mut Side, rbuf: &MrInner) {
     a.eng.fill_tx();
     let more = a.eng.tx_bytes();
     receive(&mut b.eng, &more, 3);
-    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(8, WcStatus::Success)]);
+    assert_eq!(statuses(b.recvs()), vec![(8, WcStatus::Success)]);
     assert_eq!(&region_bytes(rbuf)[..5], b"after");
 }
 
@@ -380,7 +380,7 @@ fn read_responses_are_received_straight_into_the_sink_and_complete_the_read() {
     let sink = a.qp.register(200_000, Access::LOCAL_WRITE);
     let (wire, data) = queued_read_responses(&mut a, &mut b, &[(&sink, 200_000)]);
     assert!(receive(&mut a.eng, &wire, 16 * 1024) >= 9);
-    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(4, WcStatus::Success)]);
+    assert_eq!(statuses(a.sends()), vec![(4, WcStatus::Success)]);
     assert_eq!(region_bytes(&sink), data);
 
     // Two SGEs: the segment that spans them is buffered and scattered; the others are direct.
@@ -390,7 +390,7 @@ fn read_responses_are_received_straight_into_the_sink_and_complete_the_read() {
     );
     let (wire, data) = queued_read_responses(&mut a, &mut b, &[(&s1, 100_000), (&s2, 100_000)]);
     assert!(receive(&mut a.eng, &wire, 16 * 1024) >= 6);
-    assert_eq!(statuses(a.qp.take_send_wcs()), vec![(4, WcStatus::Success)]);
+    assert_eq!(statuses(a.sends()), vec![(4, WcStatus::Success)]);
     assert_eq!(region_bytes(&s1), &data[..100_000]);
     assert_eq!(region_bytes(&s2), &data[100_000..]);
     assert_eq!(a.eng.stats.terminates_sent, 0);
@@ -410,7 +410,7 @@ fn a_read_sink_lost_mid_payload_is_a_terminate_and_the_read_fails() {
         why.contains("READ sink became inaccessible after 0 of 200000 bytes"),
         "{why}"
     );
-    let wcs = statuses(a.qp.take_send_wcs());
+    let wcs = statuses(a.sends());
     assert!(wcs.len() == 1 && wcs[0].1 != WcStatus::Success, "{wcs:?}");
     assert_eq!(a.qp.state(), QpState::Err);
 }
@@ -439,7 +439,7 @@ fn a_large_send_is_received_straight_into_its_receive_buffer() {
     post_recv(&b, 9, &[(&rbuf, 256 * 1024)]);
     let (wire, data) = queued_send(&mut a);
     assert!(receive(&mut b.eng, &wire, 16 * 1024) >= 9);
-    let wcs = b.qp.take_recv_wcs();
+    let wcs = b.recvs();
     assert_eq!(statuses(wcs.clone()), vec![(9, WcStatus::Success)]);
     assert_eq!(wcs[0].byte_len, 200_000);
     assert_eq!(&region_bytes(&rbuf)[..200_000], &data[..]);
@@ -460,7 +460,7 @@ fn a_send_into_two_receive_sges_places_the_spanning_segment_from_the_buffer() {
     post_recv(&b, 9, &[(&r1, 100_000), (&r2, 100_000)]);
     let (wire, data) = queued_send(&mut a);
     assert!(receive(&mut b.eng, &wire, 16 * 1024) >= 6);
-    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(9, WcStatus::Success)]);
+    assert_eq!(statuses(b.recvs()), vec![(9, WcStatus::Success)]);
     assert_eq!(region_bytes(&r1), &data[..100_000]);
     assert_eq!(region_bytes(&r2), &data[100_000..]);
     assert_eq!(b.eng.stats.terminates_sent, 0);
@@ -480,7 +480,7 @@ fn a_large_send_without_a_receive_buffer_is_terminated_as_before() {
     post_recv(&b, 9, &[(&rbuf, 100_000)]);
     let (wire, _) = queued_send(&mut a);
     receive(&mut b.eng, &wire, 16 * 1024);
-    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(9, WcStatus::LocLenErr)]);
+    assert_eq!(statuses(b.recvs()), vec![(9, WcStatus::LocLenErr)]);
     assert_eq!(b.eng.stats.terminates_sent, 1);
     let why = b.eng.close_reason.clone().unwrap_or_default();
     assert!(why.contains("does not fit the 100000-byte receive buffer"), "{why}");
@@ -507,7 +507,7 @@ fn a_receive_buffer_lost_mid_payload_is_a_terminate_and_the_recv_fails() {
         why.contains("receive WR 0x9: its buffer became inaccessible after 0 bytes (deregistered in the test)"),
         "{why}"
     );
-    assert_eq!(statuses(b.qp.take_recv_wcs()), vec![(9, WcStatus::LocProtErr)]);
+    assert_eq!(statuses(b.recvs()), vec![(9, WcStatus::LocProtErr)]);
     assert_eq!(b.qp.state(), QpState::Err);
     // The Terminate reaches the sender: its QP fails.
     drive(&mut b.eng, &mut a.eng);
@@ -543,7 +543,7 @@ fn a_stream_of_large_sends_is_placed_directly_segment_after_segment() {
         4 * MSG
     );
     assert_eq!(
-        statuses(b.qp.take_recv_wcs()),
+        statuses(b.recvs()),
         (100..104).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
     );
     for i in 0..4 {

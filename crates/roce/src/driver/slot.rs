@@ -36,6 +36,18 @@ enum Engine {
     },
 }
 
+impl Engine {
+    /// Hands what the engine reported (completions, flushes, async events) to its QP, in
+    /// order. Called before the engine's lock is released.
+    fn deliver(&mut self) {
+        match self {
+            Engine::Rc { eng, .. } if eng.has_outputs() => eng.take_outputs().deliver(&**eng.qp()),
+            Engine::Ud { eng, .. } if eng.has_outputs() => eng.take_outputs().deliver(&**eng.qp()),
+            _ => {}
+        }
+    }
+}
+
 /// The driver's record of one QP.
 #[derive(Debug)]
 pub(crate) struct Slot {
@@ -299,6 +311,9 @@ impl Slot {
                 ep.counters.unknown_qpn.fetch_add(1, Ordering::Relaxed);
             }
         }
+        if let Some(e) = guard.as_mut() {
+            e.deliver();
+        }
     }
 
     /// Sends what the engine has ready after a burst of packets; returns its next deadline.
@@ -398,9 +413,14 @@ impl Slot {
         next
     }
 
-    /// Sends everything the engine has ready; returns its next deadline.
+    /// Sends everything the engine has ready and delivers what it reported; returns its next
+    /// deadline.
     fn flush(&self, ep: &Endpoint, engine: Option<&mut Engine>, now: Instant) -> Option<Instant> {
-        let next = engine.and_then(|engine| self.transmit(ep, engine, now));
+        let next = engine.and_then(|engine| {
+            let next = self.transmit(ep, engine, now);
+            engine.deliver();
+            next
+        });
         self.note_deadline(next)
     }
 

@@ -304,7 +304,8 @@ impl Requester {
     /// Completes the oldest op successfully.
     fn complete_front(&mut self, qp: &dyn QpHost) {
         if let Some(op) = self.pop_front() {
-            qp.complete_send(op.completion(WcStatus::Success, qp.qpn()), op.signaled);
+            self.out
+                .send_done(op.completion(WcStatus::Success, qp.qpn()), op.signaled);
         }
     }
 
@@ -312,7 +313,8 @@ impl Requester {
     fn fail_front(&mut self, status: WcStatus, vendor_err: u32, qp: &dyn QpHost) -> u64 {
         match self.pop_front() {
             Some(op) => {
-                complete_error(&op, status, vendor_err, qp);
+                self.out
+                    .send_done(error_completion(&op, status, vendor_err, qp.qpn()), true);
                 op.wr_id
             }
             None => 0,
@@ -392,8 +394,9 @@ impl Requester {
     }
 }
 
-fn complete_error(op: &SendOp, status: WcStatus, vendor_err: u32, qp: &dyn QpHost) {
-    let mut wc: WorkCompletion = op.completion(status, qp.qpn());
+/// The completion of `op` failed with `status`.
+fn error_completion(op: &SendOp, status: WcStatus, vendor_err: u32, qpn: u32) -> WorkCompletion {
+    let mut wc: WorkCompletion = op.completion(status, qpn);
     wc.vendor_err = vendor_err;
-    qp.complete_send(wc, true);
+    wc
 }

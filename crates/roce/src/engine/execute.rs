@@ -167,7 +167,7 @@ impl Responder {
             wc.imm_data = rkey;
         }
         self.cur = None;
-        qp.complete_recv(wc);
+        self.out.recv_done(wc);
         self.bump_msn();
         Ok(Step::Placed)
     }
@@ -278,7 +278,7 @@ impl Responder {
             wc.src_qp = self.cfg.dest_qpn;
             wc.wc_flags |= wc_flags::WITH_IMM;
             wc.imm_data = h.imm.map_or(0, imm_from_wire);
-            qp.complete_recv(wc);
+            self.out.recv_done(wc);
         }
         self.bump_msn();
         Ok(Step::Placed)

@@ -1,6 +1,7 @@
 //! The sans-I/O RoCE transport engines, one per QP, in the style of quinn-proto: packets and
 //! timer events go in, packets, deadlines and completions come out. The engines never touch a
-//! socket, a thread or a clock; the caller passes `now`.
+//! socket, a thread, a CQ or a clock; the caller passes `now`, and takes the completions and
+//! async events as values (`take_outputs`) to deliver them.
 //!
 //! - [`RcEngine`]: a reliable connected QP: requester (`requester.rs`: segmentation, PSN
 //!   window, ORD, fences, AckReq), completer (`completer.rs`: cumulative ACKs, READ responses,
@@ -47,6 +48,7 @@ use config::pkey_matches;
 use keepalive::Keepalive;
 use requester::Requester;
 use responder::{KeepReplies, Responder};
+use softrdma_verbs::qp_host::QpOutputs;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::QpState;
 use softrdma_wire::roce::{pad_len, RocePacket};
@@ -100,6 +102,8 @@ pub struct RcEngine {
     responses_first: bool,
     /// COMM_EST was reported (a request arrived in RTR).
     comm_established: bool,
+    /// Completions, flushes and async events for the driver to deliver ([`RcEngine::take_outputs`]).
+    out: QpOutputs,
 }
 
 impl RcEngine {
@@ -120,7 +124,28 @@ impl RcEngine {
             destroyed: false,
             responses_first: true,
             comm_established: false,
+            out: QpOutputs::default(),
         }
+    }
+
+    /// What the engine reported since the last call, oldest first: completions, flushes and
+    /// async events. The driver delivers them to the QP ([`QpOutputs::deliver`]) before it
+    /// lets another thread into the engine, so that they stay in order.
+    pub fn take_outputs(&mut self) -> QpOutputs {
+        self.collect();
+        self.out.take()
+    }
+
+    /// Whether [`RcEngine::take_outputs`] has anything (a check cheap enough for every packet).
+    pub fn has_outputs(&self) -> bool {
+        !self.out.is_empty() || !self.req.out.is_empty() || !self.resp.out.is_empty()
+    }
+
+    /// Appends the requester's and the responder's completions to the engine's (after each
+    /// call into one of them, so that the order is the order they were made in).
+    fn collect(&mut self) {
+        self.out.append(&mut self.req.out);
+        self.out.append(&mut self.resp.out);
     }
 
     /// The QP this engine serves.
@@ -152,7 +177,9 @@ impl RcEngine {
             self.stats.dropped_invalid += 1;
             Ok(())
         } else if op.is_response() {
-            self.req.handle_response(now, pkt, &*self.qp, &mut self.stats)
+            let r = self.req.handle_response(now, pkt, &*self.qp, &mut self.stats);
+            self.collect();
+            r
         } else if matches!(
             self.qp.state(),
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
@@ -161,9 +188,11 @@ impl RcEngine {
                 // The first request reached a QP still in RTR: IBV_EVENT_COMM_EST (the CM has
                 // not seen the RTU yet; rdma_notify may move it on).
                 self.comm_established = true;
-                self.qp.report_comm_established();
+                self.out.comm_established();
             }
-            self.resp.handle_request(pkt, &*self.qp, &mut self.stats)
+            let r = self.resp.handle_request(pkt, &*self.qp, &mut self.stats);
+            self.collect();
+            r
         } else {
             self.stats.dropped_invalid += 1;
             Ok(())
@@ -188,6 +217,7 @@ impl RcEngine {
             } else {
                 self.req.poll_transmit(now, &*self.qp, &mut self.stats, out)
             };
+            self.collect();
             match result {
                 Ok(true) => {
                     self.responses_first = !responses;
@@ -224,7 +254,9 @@ impl RcEngine {
         if self.reset {
             return false;
         }
-        match self.resp.poll_transmit(&*self.qp, &mut self.stats, out) {
+        let result = self.resp.poll_transmit(&*self.qp, &mut self.stats, out);
+        self.collect();
+        match result {
             Ok(true) => {
                 self.stats.tx_packets += 1;
                 true
@@ -280,6 +312,7 @@ impl RcEngine {
             return;
         }
         let mut result = self.req.handle_timeout(now, &*self.qp, &mut self.stats);
+        self.collect();
         if result.is_ok() && self.keepalive_applies() {
             let (timeout, retries) = (self.req.cfg.ack_timeout, self.req.cfg.retry_cnt);
             result = self.keepalive.on_timeout(now, timeout, retries);
@@ -379,7 +412,7 @@ impl RcEngine {
                 if self.flushed {
                     // WRs posted to the ERR QP since: flush them too.
                     let (sends, recvs) = self.qp.enter_error();
-                    self.qp.flush(sends, recvs);
+                    self.out.flush(sends, recvs);
                 } else {
                     self.fail(RcError::Flushed);
                 }
@@ -410,12 +443,14 @@ impl RcEngine {
         }
         let (sends, recvs) = self.qp.enter_error();
         self.req.flush(&*self.qp);
+        self.collect();
         if !matches!(e, RcError::Flushed) && !self.flushed {
-            self.qp.report_fatal();
+            self.out.fatal();
         }
         let mut all_recvs: Vec<_> = self.resp.abort(keep).into_iter().collect();
+        self.collect();
         all_recvs.extend(recvs);
-        self.qp.flush(sends, all_recvs);
+        self.out.flush(sends, all_recvs);
         self.error.get_or_insert(e);
         self.flushed = true;
     }

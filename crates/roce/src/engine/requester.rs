@@ -8,6 +8,7 @@ use super::sendop::{OpKind, Position, SendOp};
 use super::stats::RcStats;
 use super::timers::{earliest, ib_timeout, AckTimer};
 use softrdma_verbs::qp::{QpAttr, SendWqe};
+use softrdma_verbs::qp_host::QpOutputs;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcStatus, WrOpcode};
 use softrdma_wire::roce::{push_pad, AtomicEth, Bth, Reth, RoceHeaders, RoceOpcode};
@@ -53,6 +54,8 @@ pub(crate) struct Requester {
     /// delays (`ib_write_bw` over rxe_lo: 128 → 512 PSNs, +20 %).
     pub(super) cwnd: u32,
     pub(super) cfg: RcConfig,
+    /// Completions made since the engine last collected them (`RcEngine::collect`).
+    pub(super) out: QpOutputs,
 }
 
 impl Requester {
@@ -76,6 +79,7 @@ impl Requester {
             started: false,
             cwnd: cfg.window.clamp(1, INITIAL_WINDOW),
             cfg: cfg.clone(),
+            out: QpOutputs::default(),
         }
     }
 
@@ -297,7 +301,7 @@ impl Requester {
     /// The QP went to ERR: every op left completes with WR_FLUSH_ERR, oldest first.
     pub(crate) fn flush(&mut self, qp: &dyn QpHost) {
         while let Some(op) = self.pop_front() {
-            qp.complete_send(op.completion(WcStatus::WrFlushErr, qp.qpn()), true);
+            self.out.send_done(op.completion(WcStatus::WrFlushErr, qp.qpn()), true);
         }
         self.cursor = 0;
         self.rnr_until = None;

@@ -10,6 +10,7 @@ use super::replies::{ReadReply, Replies, Reply, READ_FAILURE_KEY_ERROR};
 use super::resources::{ResourceKind, Resources};
 use super::stats::RcStats;
 use softrdma_verbs::mr::MrInner;
+use softrdma_verbs::qp_host::QpOutputs;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{Access, RecvWr, WcOpcode, WorkCompletion};
 use softrdma_wire::roce::{NakCode, RoceOpcode, RocePacket, MSN_MASK};
@@ -108,6 +109,8 @@ pub(crate) struct Responder {
     /// Outgoing responses.
     pub(super) replies: Replies,
     pub(super) cfg: RcConfig,
+    /// Completions made since the engine last collected them (`RcEngine::collect`).
+    pub(super) out: QpOutputs,
 }
 
 impl Responder {
@@ -123,6 +126,7 @@ impl Responder {
             history: Resources::new(ird),
             replies: Replies::new(ird + REPLAY_SLACK),
             cfg: cfg.clone(),
+            out: QpOutputs::default(),
         }
     }
 
@@ -254,7 +258,7 @@ impl Responder {
     /// the only reply left to send, and the caller moves the QP to ERR.
     pub(crate) fn reject(&mut self, psn: Psn, err: RequestError, qp: &dyn QpHost) -> RcError {
         if let Some(recv) = self.cur.take().and_then(InMessage::into_recv) {
-            qp.complete_recv(WorkCompletion::new(
+            self.out.recv_done(WorkCompletion::new(
                 recv.wr_id,
                 err.recv_status(),
                 WcOpcode::Recv,

@@ -9,6 +9,7 @@ use super::psn::Psn;
 use super::stats::UdStats;
 use super::{grh, imm_from_wire, imm_to_wire, well_formed};
 use softrdma_verbs::qp::SendWqe;
+use softrdma_verbs::qp_host::QpOutputs;
 use softrdma_verbs::wr::wc_flags;
 use softrdma_verbs::QpHost;
 use softrdma_verbs::{QpState, SendFlags, WcOpcode, WcStatus, WorkCompletion, WrOpcode};
@@ -57,6 +58,8 @@ pub struct UdEngine {
     stats: UdStats,
     flushed: bool,
     reset: bool,
+    /// Completions, flushes and async events for the driver ([`UdEngine::take_outputs`]).
+    out: QpOutputs,
 }
 
 impl UdEngine {
@@ -71,7 +74,19 @@ impl UdEngine {
             stats: UdStats::default(),
             flushed: false,
             reset: false,
+            out: QpOutputs::default(),
         }
+    }
+
+    /// What the engine reported since the last call, oldest first (see
+    /// `RcEngine::take_outputs`).
+    pub fn take_outputs(&mut self) -> QpOutputs {
+        self.out.take()
+    }
+
+    /// Whether [`UdEngine::take_outputs`] has anything.
+    pub fn has_outputs(&self) -> bool {
+        !self.out.is_empty()
     }
 
     /// The QP this engine serves.
@@ -117,7 +132,7 @@ impl UdEngine {
             Err(e) => {
                 tracing::debug!(qpn, wr_id = recv.wr_id, error = %e, "UD receive WR with a bad buffer");
                 let wc = WorkCompletion::new(recv.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, qpn);
-                self.qp.complete_recv(wc);
+                self.out.recv_done(wc);
                 self.fail();
                 return;
             }
@@ -127,7 +142,7 @@ impl UdEngine {
             self.stats.rx_length_errors += 1;
             let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, qpn);
             wc.byte_len = total as u32;
-            self.qp.complete_recv(wc);
+            self.out.recv_done(wc);
             return;
         }
         let udp_payload = h.header_len() + pkt.payload.len() + usize::from(bth.pad_count) + ICRC_LEN;
@@ -150,7 +165,7 @@ impl UdEngine {
                 wc.imm_data = imm_from_wire(imm);
             }
         }
-        self.qp.complete_recv(wc);
+        self.out.recv_done(wc);
         if !placed {
             self.fail();
         }
@@ -171,15 +186,15 @@ impl UdEngine {
                 self.stats.tx_packets += 1;
                 let mut wc = WorkCompletion::new(wqe.wr.wr_id, WcStatus::Success, op, qpn);
                 wc.byte_len = wqe.wr.total_len() as u32;
-                self.qp.complete_send(wc, wqe.signaled);
+                self.out.send_done(wc, wqe.signaled);
                 Some(dest)
             }
             Err((status, why)) => {
                 out.clear();
                 self.stats.tx_errors += 1;
                 tracing::debug!(qpn, wr_id = wqe.wr.wr_id, %why, "UD send WR failed");
-                self.qp
-                    .complete_send(WorkCompletion::new(wqe.wr.wr_id, status, op, qpn), true);
+                self.out
+                    .send_done(WorkCompletion::new(wqe.wr.wr_id, status, op, qpn), true);
                 // IBTA: a send completing in error moves the QP to ERR.
                 self.fail();
                 None
@@ -277,10 +292,10 @@ impl UdEngine {
     fn fail(&mut self) {
         if !self.flushed && self.qp.state() != QpState::Err {
             // An error completion moved the QP to ERR (not the application's modify).
-            self.qp.report_fatal();
+            self.out.fatal();
         }
         let (sends, recvs) = self.qp.enter_error();
-        self.qp.flush(sends, recvs);
+        self.out.flush(sends, recvs);
         self.flushed = true;
     }
 }

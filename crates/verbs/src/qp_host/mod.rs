@@ -3,14 +3,18 @@
 //!
 //! The RoCE and iWARP engines are state machines: packets and timer events go in, packets,
 //! deadlines and completions come out. What they need from outside is small: the next send
-//! and receive WQE, a place for completions and async events, the QP's state and attributes,
-//! and the keys of its protection domain (the only way they reach memory). [`QpHost`] is that
-//! surface. [`QpInner`] implements it over the real queues, CQs and the process's key table;
-//! [`PlainQp`] implements it over plain vectors and a map of keys, so an engine test
+//! and receive WQE, the QP's state and attributes, and the keys of its protection domain (the
+//! only way they reach memory). [`QpHost`] is that surface. What they report (completions,
+//! flushes, async events) they return as values ([`QpOutputs`]), which their driver delivers
+//! through the sink methods of [`QpHost`] (`complete_send`, `complete_recv`, `flush`,
+//! `report_*`). [`QpInner`] implements it over the real queues, CQs and the process's key
+//! table; [`PlainQp`] implements it over plain vectors and a map of keys, so an engine test
 //! constructs an engine without a device, a PD or a CQ.
 
+mod outputs;
 mod plain;
 
+pub use outputs::{QpOutput, QpOutputs};
 pub use plain::{PlainQp, PlainSrq, PLAIN_PD};
 
 use crate::mr::{KeyError, MrInner};
@@ -36,7 +40,8 @@ pub trait QpHost: Send + Sync + std::fmt::Debug {
     fn pop_send_if(&self, accept: &mut dyn FnMut(&SendWqe) -> bool) -> Option<SendWqe>;
     /// Takes the next receive WQE (from the SRQ if the QP has one).
     fn take_recv(&self) -> Option<RecvWr>;
-    /// Reports a send-side completion (queued only if `signaled` or failed).
+    /// Reports a send-side completion (queued only if `signaled` or failed); like `flush` and
+    /// `report_*`, called by the driver that delivers an engine's [`QpOutputs`], not by it.
     fn complete_send(&self, wc: WorkCompletion, signaled: bool);
     /// Reports a receive completion.
     fn complete_recv(&self, wc: WorkCompletion);

@@ -73,6 +73,7 @@ pub(super) struct Node {
 impl Node {
     /// Moves new completions from the host into `wcs` (sends first, then receives).
     pub fn collect(&mut self) {
+        super::deliver(&mut self.engine);
         self.wcs.extend(self.qp.inner().take_send_wcs());
         self.wcs.extend(self.qp.inner().take_recv_wcs());
     }

@@ -4,7 +4,7 @@
 
 use crate::engine::{RcConfig, RcEngine, DEFAULT_WINDOW, INITIAL_WINDOW};
 use softrdma_verbs::async_event::AsyncEventKind;
-use softrdma_verbs::qp_host::PlainQp;
+use softrdma_verbs::qp_host::{PlainQp, QpOutput};
 use softrdma_verbs::*;
 use softrdma_wire::roce::RocePacket;
 use std::sync::Arc;
@@ -56,6 +56,8 @@ fn carry(from: &mut RcEngine, to: &mut RcEngine, now: Instant) -> usize {
         out.clear();
         n += 1;
     }
+    super::deliver(from);
+    super::deliver(to);
     n
 }
 
@@ -261,6 +263,21 @@ fn a_silent_peer_is_a_retry_exceeded_error_in_simulated_time() {
         a.eng.handle_timeout(now);
     }
     assert_eq!(sent, 3, "the first try and two retries");
+    // The engine reports as values: the failed WR, then QP_FATAL (its queues are empty, so no
+    // flush); its host sees nothing until they are delivered.
+    let reports = a.eng.take_outputs();
+    assert!(a.qp.take_send_wcs().is_empty() && a.qp.events().is_empty());
+    let kinds: Vec<_> = reports
+        .iter()
+        .map(|o| match o {
+            QpOutput::SendDone { wc, signaled } => format!("send {} {:?} {signaled}", wc.wr_id, wc.status),
+            QpOutput::Fatal => "fatal".to_owned(),
+            QpOutput::Flush { sends, recvs } => format!("flush {} {}", sends.len(), recvs.len()),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(kinds, ["send 9 RetryExcErr true", "fatal"]);
+    reports.deliver(&*a.qp);
     let wcs = a.qp.take_send_wcs();
     assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::RetryExcErr));
     assert_eq!(a.qp.events(), vec![AsyncEventKind::QpFatal]);
@@ -321,6 +338,8 @@ fn ud_datagrams_and_q_key_checks_without_a_device() {
         out.clear();
         sent += 1;
     }
+    super::deliver_ud(&mut ea);
+    super::deliver_ud(&mut eb);
     assert_eq!(sent, 2);
     assert_eq!(
         qa.take_send_wcs()

@@ -22,7 +22,8 @@ struct UdNode {
 
 impl UdNode {
     /// Completions so far, taken (sends first, then receives).
-    fn wcs(&self) -> Vec<WorkCompletion> {
+    fn wcs(&mut self) -> Vec<WorkCompletion> {
+        super::deliver_ud(&mut self.engine);
         let mut wcs = self.qp.inner().take_send_wcs();
         wcs.extend(self.qp.inner().take_recv_wcs());
         wcs
