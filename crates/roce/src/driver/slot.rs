@@ -322,21 +322,6 @@ impl Slot {
         self.flush(ep, guard.as_mut(), Instant::now())
     }
 
-    /// After a blocked caller's receive step: true if the engine may have packets to send
-    /// (the progress thread then flushes it); else its next deadline is armed here.
-    pub(crate) fn needs_flush(&self, ep: &Endpoint) -> bool {
-        let guard = lock(&self.engine);
-        match guard.as_ref() {
-            Some(Engine::Rc { eng, .. }) if !eng.may_transmit() => {
-                let next = self.note_deadline(rc_deadline(eng));
-                drop(guard);
-                ep.schedule(next);
-                false
-            }
-            _ => true,
-        }
-    }
-
     /// New work or a state change. Returns the engine's next deadline.
     pub(crate) fn on_kick(&self, ep: &Endpoint) -> Option<Instant> {
         let now = Instant::now();
