@@ -178,8 +178,9 @@ impl CallerStep for Driven {
     /// What the slots have to send after the step (the ACKs it owes, the next packets of the
     /// window) goes out on the caller's thread, before it returns or waits on: the peer,
     /// often busy-polling for that ACK, gets it now rather than after this side's progress
-    /// thread woke (`ib_send_lat -e` over rxe_lo 16–24 → 12–13 µs with guest halt polling on,
-    /// 29–34 → 28–30 µs without; see README, Benchmarks).
+    /// thread woke (`ib_send_lat -e` over rxe_lo 20.8–22.6 → 10.6–13.4 µs with guest halt
+    /// polling on; with the VM's immediate halt about the same, median 29.0 → 30.7 µs; see
+    /// README, Benchmarks).
     fn after_ready(&self, _returning: bool) {
         self.0.flush_dirty();
     }
