@@ -8,7 +8,8 @@
 //! Per QP slot the client loops: connect, run 1..=`--max-batches` batches, end the connection
 //! (a clean disconnect; or the server disconnects after its last ACK, the END asking for it
 //! fenced behind the batch's READs; or, `--abort-pct` of the time, the client disconnects with
-//! a whole batch still in flight), reconnect.
+//! a whole batch still in flight, its END saying so: the server's ACK to it may then fail,
+//! which the server counts apart, as `acks_to_aborted_clients`), reconnect.
 //! A batch is 1..=8 operations, each on its own slot of the server's region:
 //! - SEND: a 32-byte header naming a seed, then the bytes that seed generates; the server
 //!   regenerates them and compares every byte;
@@ -55,6 +56,11 @@ const KIND_END: u32 = 3;
 const KIND_ACK: u32 = 4;
 /// END flag: the server disconnects after its ACK.
 const END_SERVER_DISCONNECTS: u32 = 1;
+/// END flag: the client disconnects right after this END, without waiting for the ACK. The ACK
+/// may then find the client's QP in ERR: its DREQ normally moves the server's QP to ERR first
+/// (the ACK flushes), but if the DREQ is lost the ACK's transport retries can run out before the
+/// DREQ's retry comes (RETRY_EXC_ERR). The server counts that outcome as `acks_to_aborted`.
+const END_CLIENT_ABORTS: u32 = 2;
 
 /// An operation type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -362,6 +368,8 @@ pub struct ServerStats {
     flushed: AtomicU64,
     /// Requests whose client went away before the accept.
     peer_gone: AtomicU64,
+    /// ACKs of an END with [`END_CLIENT_ABORTS`] that failed (the client's QP was gone).
+    acks_to_aborted: AtomicU64,
 }
 
 /// A snapshot of [`ServerStats`].
@@ -374,6 +382,7 @@ pub struct ServerReport {
     errors: u64,
     flushed: u64,
     peer_gone: u64,
+    acks_to_aborted: u64,
 }
 
 impl ServerStats {
@@ -386,6 +395,7 @@ impl ServerStats {
             errors: self.errors.load(Ordering::Relaxed),
             flushed: self.flushed.load(Ordering::Relaxed),
             peer_gone: self.peer_gone.load(Ordering::Relaxed),
+            acks_to_aborted: self.acks_to_aborted.load(Ordering::Relaxed),
         }
     }
 }
@@ -401,6 +411,7 @@ impl ServerReport {
             self.errors,
             self.flushed,
             self.peer_gone,
+            self.acks_to_aborted,
         ] {
             v.extend_from_slice(&x.to_le_bytes());
         }
@@ -419,6 +430,8 @@ impl ServerReport {
             errors: le64(b, 36),
             flushed: le64(b, 44),
             peer_gone: le64(b, 52),
+            // Absent from the reply of an older server.
+            acks_to_aborted: if b.len() >= 68 { le64(b, 60) } else { 0 },
         })
     }
 
@@ -431,6 +444,7 @@ impl ServerReport {
             "errors": self.errors,
             "flushed": self.flushed,
             "requests_of_gone_clients": self.peer_gone,
+            "acks_to_aborted_clients": self.acks_to_aborted,
         })
     }
 }
@@ -1150,10 +1164,10 @@ fn run_batch(
             }
         }
     }
-    let flags = if end == Some(End::Server) {
-        END_SERVER_DISCONNECTS
-    } else {
-        0
+    let flags = match end {
+        Some(End::Server) => END_SERVER_DISCONNECTS,
+        Some(End::Abort) => END_CLIENT_ABORTS,
+        _ => 0,
     };
     c.ctl
         .write(OPS * HDR, &header(KIND_END, 0, 0, 0, 0, batch, flags))
@@ -1502,6 +1516,8 @@ fn server_worker(
     let mut want = Vec::new();
     let mut mismatches = 0u64;
     let mut down = false;
+    // The last END said its client disconnects at once (its ACK may fail).
+    let mut client_aborts = false;
     while !stop.load(Ordering::Relaxed) {
         let Some(wc) = wait_wc(&res.cq, &res.cc, Instant::now() + Duration::from_millis(100)) else {
             continue;
@@ -1512,7 +1528,14 @@ fn server_worker(
             continue;
         }
         if wc.status != WcStatus::Success {
-            if !down {
+            if wc.wr_id == u64::MAX && client_aborts && !down {
+                stats.acks_to_aborted.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "soak server: QP {}: the ACK to a client that disconnected with it in flight failed: {} (expected)",
+                    wc.qp_num,
+                    wc.status.as_str()
+                );
+            } else if !down {
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 eprintln!(
                     "soak server: QP {}: work request {} ({:?}) failed: {} (vendor_err {:#x})",
@@ -1586,6 +1609,7 @@ fn server_worker(
                     }
                 }
                 KIND_END => {
+                    client_aborts = flags & END_CLIENT_ABORTS != 0;
                     let a = header(KIND_ACK, 0, 0, 0, mismatches, batch, 0);
                     ack.write(0, &a).map_err(|e| e.to_string())?;
                     if !down {
