@@ -9,8 +9,25 @@ use std::time::Duration;
 /// Longest wait at exit for the IB CM's last MADs.
 const EXIT_FLUSH_LIMIT: Duration = Duration::from_millis(500);
 
-/// Set when the destructor starts: the process is exiting.
+/// Set when `exit` starts running its handlers: the process is exiting.
 static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// An `atexit` handler registered when the library is loaded, so it runs before the handlers
+/// registered earlier (AddressSanitizer's leak check, whose scan takes tens of milliseconds)
+/// and before any library destructor: from then on the process is exiting.
+extern "C" fn mark_exiting() {
+    EXITING.store(true, Ordering::Release);
+}
+
+/// The library's constructor: registers [`mark_exiting`].
+extern "C" fn register_exit_mark() {
+    // SAFETY: atexit with a plain `extern "C" fn()` that only stores an atomic.
+    unsafe { libc::atexit(mark_exiting) };
+}
+
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_EXIT_MARK: extern "C" fn() = register_exit_mark;
 
 /// The library's destructor (process exit): lets the IB CM MADs queued last (the DREP of an
 /// `rdma_disconnect` after DISCONNECTED, the DREQ of an `rdma_destroy_id`) leave the process
