@@ -1020,10 +1020,10 @@ fn get_cm_event(channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_event) 
     // A clone: the application may destroy the channel while this call blocks (rping's
     // cm_thread waits here when main calls rdma_destroy_event_channel); the wait must only
     // touch what it owns (AddressSanitizer: heap-use-after-free, scripts/asan.sh tools).
-    let ch = match unsafe { SoftEventChannel::from_c(channel) } {
-        Ok(c) => c.ch.clone(),
-        Err(e) => return Err(crate::exit::unless_exiting(e)),
-    };
+    let ch = unsafe { SoftEventChannel::from_c(channel) }
+        .map_err(crate::exit::unless_exiting)?
+        .ch
+        .clone();
     non_null(out, "event")?;
     loop {
         let ev = ch.get_event(None)?;

@@ -35,6 +35,7 @@ static REGISTER_EXIT_MARK: extern "C" fn() = register_exit_mark;
 /// lets iWARP FINs held by `softrdma_iwarp::driver::FIN_GRACE` go out, and gives connections
 /// the application never closed the same grace (the exit would close those sockets at once).
 extern "C" fn flush_cm_at_exit() {
+    // Set by `mark_exiting` already, unless `atexit` refused it at load (out of memory).
     EXITING.store(true, Ordering::Release);
     let _ = std::panic::catch_unwind(|| {
         softrdma_iwarp::driver::wait_fin_grace_at_exit(softrdma_iwarp::driver::FIN_GRACE * 2);

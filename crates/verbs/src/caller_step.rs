@@ -12,9 +12,9 @@
 //! sockets too ([`wait_fds`]), and runs the steps itself when one becomes readable: the event
 //! then costs one wakeup (the packet's) instead of two (the progress thread's, then the
 //! channel's). It tells the transports when it starts and stops waiting ([`Waiting`]), so a
-//! transport can keep the progress thread off those sockets meanwhile, and when it returns
-//! with its event ([`after_ready`]), so a transport can leave what its step has to send to the
-//! progress thread instead of delaying the caller.
+//! transport can keep the progress thread off those sockets meanwhile, and when a round of
+//! steps is over ([`after_ready`]), so a transport can send what its step owes (the peer may be
+//! waiting for that ACK).
 
 use crate::fork::PerProcess;
 use std::os::fd::RawFd;
@@ -35,10 +35,9 @@ pub trait CallerStep: Send + Sync {
         self.step()
     }
 
-    /// After [`step_ready`](CallerStep::step_ready) (of every transport): `returning`, the
-    /// waiting caller found its event and returns to the application now. A transport may
-    /// leave the step's sends to another thread then, so that they do not delay the caller.
-    fn after_ready(&self, _returning: bool) {}
+    /// After [`step_ready`](CallerStep::step_ready) (of every transport), before the waiting
+    /// caller returns with its event or waits on: a transport sends what the step owes.
+    fn after_ready(&self) {}
 
     /// A thread starts blocking on this transport's [`wait_fds`](CallerStep::wait_fds) (and
     /// will run [`step_ready`](CallerStep::step_ready) when one is readable).
@@ -124,8 +123,8 @@ impl Drop for Waiting {
 
 /// Tells every step that a waiting caller's [`run_ready`] round is over (see
 /// [`CallerStep::after_ready`]).
-pub fn after_ready(returning: bool) {
-    for_each(|s| s.after_ready(returning));
+pub fn after_ready() {
+    for_each(|s| s.after_ready());
 }
 
 /// Runs every registered step once; true if one processed anything.

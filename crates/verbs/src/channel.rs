@@ -93,7 +93,8 @@ impl CompChannel {
     /// when one becomes readable, this thread receives and processes what came (as a polling
     /// caller does), so the event it may produce needs no second wakeup. A transport may keep
     /// the progress thread off its sockets meanwhile (`CallerStep::waiter_enters`; soft-RoCE
-    /// does) and leave its sends to it once the event is there (`CallerStep::after_ready`).
+    /// does), and sends what the step owes before this thread returns or waits on
+    /// (`CallerStep::after_ready`).
     /// If another thread is processing at that moment (the step finds its lock taken), the
     /// next wait is on the channel alone, until something arrives on it, and the sockets go
     /// back to the progress thread.
@@ -107,7 +108,7 @@ impl CompChannel {
         loop {
             let event = self.try_pop();
             if std::mem::take(&mut stepped) {
-                crate::caller_step::after_ready(event.is_some());
+                crate::caller_step::after_ready();
             }
             if let Some(cq) = event {
                 return Ok(crate::cq::Cq::from_inner(cq));

@@ -35,8 +35,5 @@ impl Drop for ConnGuard<'_> {
 
 /// Hands the engine's reports to its QP, oldest first.
 pub(crate) fn deliver(engine: &mut Engine) {
-    let out = engine.take_outputs();
-    if !out.is_empty() {
-        out.deliver(&**engine.qp());
-    }
+    engine.take_outputs().deliver(&**engine.qp());
 }

@@ -181,7 +181,7 @@ impl CallerStep for Driven {
     /// thread woke (`ib_send_lat -e` over rxe_lo 20.8–22.6 → 10.6–13.4 µs with guest halt
     /// polling on; with the VM's immediate halt about the same, median 29.0 → 30.7 µs; see
     /// README, Benchmarks).
-    fn after_ready(&self, _returning: bool) {
+    fn after_ready(&self) {
         self.0.flush_dirty();
     }
 
