@@ -215,6 +215,7 @@ impl SoftEventChannel {
 }
 
 fn create_event_channel() -> CResult<*mut rdma_event_channel> {
+    crate::exit::watch_for_exit();
     ucma_init()?;
     Ok(SoftEventChannel::wrap(EventChannel::new()?))
 }

@@ -72,6 +72,7 @@ pub(crate) fn with_context<R>(ctx: *mut ibv_context, f: impl FnOnce(&SoftContext
 
 /// Opens a device (`ibv_open_device`; also librdmacm's per-device context).
 pub(crate) fn open_device(device: *mut ibv_device) -> CResult<*mut ibv_context> {
+    crate::exit::watch_for_exit();
     let dev = lookup(device)?;
     let verbs = Context::open(&dev.info())?;
     let mut vctx = verbs_context::zeroed();

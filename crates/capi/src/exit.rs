@@ -4,6 +4,7 @@
 
 use crate::error::CError;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
 use std::time::Duration;
 
 /// Longest wait at exit for the IB CM's last MADs.
@@ -12,22 +13,27 @@ const EXIT_FLUSH_LIMIT: Duration = Duration::from_millis(500);
 /// Set when `exit` starts running its handlers: the process is exiting.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
-/// An `atexit` handler registered when the library is loaded, so it runs before the handlers
-/// registered earlier (AddressSanitizer's leak check, whose scan takes tens of milliseconds)
-/// and before any library destructor: from then on the process is exiting.
+/// An `atexit` handler: from now on the process is exiting.
 extern "C" fn mark_exiting() {
     EXITING.store(true, Ordering::Release);
 }
 
-/// The library's constructor: registers [`mark_exiting`].
-extern "C" fn register_exit_mark() {
-    // SAFETY: atexit with a plain `extern "C" fn()` that only stores an atomic.
-    unsafe { libc::atexit(mark_exiting) };
+/// Registers [`mark_exiting`] once. Called when the application creates what the blocking
+/// event calls wait on (a CM event channel, a completion channel, a device context): from
+/// `main` or a later thread, so the handler runs as soon as `exit` starts, before every
+/// destructor. glibc registers the destructors' runner (`_dl_fini`) just before `main`, so a
+/// handler registered while the library loads (a constructor) would run only after them: too
+/// late for a thread's call that comes while the application's own destructors or this
+/// library's run.
+pub(crate) fn watch_for_exit() {
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: atexit (glibc's, with this library's __dso_handle: a dlclose runs it) with
+        // a plain `extern "C" fn()` that only stores an atomic. If it refuses (no memory), the
+        // destructor sets the mark.
+        let _ = unsafe { libc::atexit(mark_exiting) };
+    });
 }
-
-#[used]
-#[link_section = ".init_array"]
-static REGISTER_EXIT_MARK: extern "C" fn() = register_exit_mark;
 
 /// The library's destructor (process exit): lets the IB CM MADs queued last (the DREP of an
 /// `rdma_disconnect` after DISCONNECTED, the DREQ of an `rdma_destroy_id`) leave the process
@@ -35,7 +41,8 @@ static REGISTER_EXIT_MARK: extern "C" fn() = register_exit_mark;
 /// lets iWARP FINs held by `softrdma_iwarp::driver::FIN_GRACE` go out, and gives connections
 /// the application never closed the same grace (the exit would close those sockets at once).
 extern "C" fn flush_cm_at_exit() {
-    // Set by `mark_exiting` already, unless `atexit` refused it at load (out of memory).
+    // Set by `mark_exiting` already, unless the application never created a channel or
+    // context, or `atexit` refused it.
     EXITING.store(true, Ordering::Release);
     let _ = std::panic::catch_unwind(|| {
         softrdma_iwarp::driver::wait_fin_grace_at_exit(softrdma_iwarp::driver::FIN_GRACE * 2);

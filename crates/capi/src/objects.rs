@@ -229,6 +229,7 @@ impl SoftCompChannel {
 
 /// Creates a completion channel on `ctx`.
 pub(crate) fn create_comp_channel(ctx: *mut ibv_context) -> CResult<*mut ibv_comp_channel> {
+    crate::exit::watch_for_exit();
     let ch = with_context(ctx, |c| Ok(c.verbs().create_comp_channel()?))?;
     let c = ibv_comp_channel {
         context: ctx,

@@ -2,10 +2,11 @@
  * The teardown of rping in rdma-core 44: an event thread loops on rdma_get_cm_event and is
  * never joined; main destroys the ids and the channel and returns. Here the thread handles a
  * loopback connection's events (and main a SEND on it), then calls rdma_get_cm_event once
- * more, 2 ms after main destroyed the channel: while the library's destructor waits out the
- * FIN grace after the last received bytes.
+ * more, after main destroyed the channel and returned: this program's destructor, which runs
+ * during exit() before the library's (the program is finalized first), lets it.
  * That call must wait for the exit, not fail: the thread would exit(3) (rping: exit(-1)) and
- * the process would end with its status instead of main's.
+ * the process would end with its status instead of main's. The destructor ends the process with
+ * status 4 if the thread never made the call (the test would prove nothing).
  *
  * Built by tests/dropin.rs: cc -o exit_with_event_thread exit_with_event_thread.c
  * <dropin>/libibverbs.so.1. Exits 0 (PASSED) only if every check passed and the thread's late
@@ -24,8 +25,10 @@
 #include "check.h"
 
 static struct rdma_event_channel *ch;
-/* Posted by the thread after each event; by main once the channel is destroyed. */
-static sem_t handled, destroyed;
+/* Posted by the thread after each event; by the destructor once the exit has started. */
+static sem_t handled, exiting;
+/* Set by the thread just before its late call. */
+static volatile int late_call;
 /* Written by the thread before it posts `handled`. */
 static enum rdma_cm_event_type last;
 static int last_status;
@@ -53,12 +56,32 @@ static void *event_thread(void *arg)
 		rdma_ack_cm_event(ev);
 		sem_post(&handled);
 		if (established == 2) {
-			/* The late call: after main destroyed the channel and went to exit. */
-			sem_wait(&destroyed);
-			usleep(2000);
+			/* The late call: main destroyed the channel, and the exit has started. */
+			sem_wait(&exiting);
+			late_call = 1;
 		}
 	}
 	return NULL;
+}
+
+/*
+ * The program's destructor: runs during exit(), after the atexit handlers (the library marks
+ * the exit in one) and before the library's destructor. Lets the thread make its late call,
+ * and gives the call 50 ms to fail.
+ */
+__attribute__((destructor)) static void let_the_thread_call(void)
+{
+	if (!ch)
+		return;
+	sem_post(&exiting);
+	for (int ms = 0; ms < 2000 && !late_call; ms++)
+		usleep(1000);
+	if (!late_call) {
+		printf("destructor: the event thread never made its late call\n");
+		fflush(stdout);
+		_exit(4);
+	}
+	usleep(50000);
 }
 
 /* Waits for the thread's next event and checks its type. */
@@ -73,7 +96,7 @@ int main(void)
 {
 	alarm(20);
 	sem_init(&handled, 0, 0);
-	sem_init(&destroyed, 0, 0);
+	sem_init(&exiting, 0, 0);
 	ch = rdma_create_event_channel();
 	CHECK(ch != NULL, "rdma_create_event_channel");
 	if (!ch)
@@ -132,6 +155,5 @@ int main(void)
 	CHECK(rdma_destroy_id(child) == 0 && rdma_destroy_id(id) == 0 && rdma_destroy_id(listen_id) == 0,
 	      "rdma_destroy_id of the connected ids and the listener");
 	rdma_destroy_event_channel(ch);
-	sem_post(&destroyed);
 	return check_summary();
 }
