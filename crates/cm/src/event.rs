@@ -264,10 +264,9 @@ impl EventChannel {
                 .map_err(|_| Error::new(Errno::Io, "rdma_get_cm_event: channel poisoned"))
         };
         let mut q = lock()?;
-        // An fd the application set O_NONBLOCK on (as with librdmacm's) never blocks.
-        // SAFETY: F_GETFL on our own fd.
-        let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
-        let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+        // An fd the application set O_NONBLOCK on (as with librdmacm's) never blocks. Read
+        // once, when no event is pending (a queued event needs no syscall).
+        let mut nonblock = None;
         // While nothing waits on the channel, this thread runs the reactor's rounds itself
         // (see `wait_driving`), until one finds nothing to do.
         let mut driving = true;
@@ -276,6 +275,11 @@ impl EventChannel {
             if let Some(ev) = self.pop_locked(&mut q, pred) {
                 return Ok(ev);
             }
+            let nonblock = *nonblock.get_or_insert_with(|| {
+                // SAFETY: F_GETFL on our own fd.
+                let flags = unsafe { libc::fcntl(self.fd(), libc::F_GETFL) };
+                flags >= 0 && flags & libc::O_NONBLOCK != 0
+            });
             let wait = match deadline {
                 _ if nonblock => Some(Duration::ZERO),
                 None => None,

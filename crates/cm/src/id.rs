@@ -428,7 +428,7 @@ pub(crate) fn resources(v: u8, max: i32, what: &str) -> Result<u32> {
 /// listening sockets: the connections of an earlier listener on the port (ESTABLISHED or in
 /// TIME_WAIT after a close from this side, which inherited the flag) do not block a new
 /// one, while TCP still refuses a second live listener. The rdma_cm rules between ids, and
-/// REUSEADDR, are the port space's ([`PortClaim`]).
+/// REUSEADDR, are the port space's ([`PortClaim`]). Close-on-exec: socket2 creates it so.
 fn bind_socket(ps: PortSpace, addr: SocketAddr, opts: &Options) -> Result<Socket> {
     let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
     let udp = ps == PortSpace::Udp;
@@ -438,7 +438,6 @@ fn bind_socket(ps: PortSpace, addr: SocketAddr, opts: &Options) -> Result<Socket
         Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
     }
     .map_err(|e| Error::os(format!("bind {addr}"), &e))?;
-    let _ = sock.set_cloexec(true);
     sock.set_reuse_address(!udp || opts.reuse_addr)
         .map_err(|e| Error::os("SO_REUSEADDR", &e))?;
     if addr.is_ipv6() {

@@ -662,8 +662,9 @@ mod tests {
         r.threads.lock().unwrap().clone()
     }
 
-    #[test]
-    fn a_driving_thread_runs_the_round_itself_and_then_hands_the_sources_back() {
+    /// A [`Recorder`] registered for reads on one end of a socket pair: the reactor, the
+    /// recorder, the other end, its token and fd.
+    fn recorded_socket() -> (&'static Arc<Reactor>, Arc<Recorder>, UnixStream, Token, RawFd) {
         let reactor = Reactor::global().expect("reactor");
         let (ours, peer) = UnixStream::pair().expect("socketpair");
         ours.set_nonblocking(true).expect("O_NONBLOCK");
@@ -673,6 +674,12 @@ mod tests {
             threads: Mutex::new(Vec::new()),
         });
         let token = reactor.register(fd, Interest::READ, rec.clone()).expect("register");
+        (reactor, rec, peer, token, fd)
+    }
+
+    #[test]
+    fn a_driving_thread_runs_the_round_itself_and_then_hands_the_sources_back() {
+        let (reactor, rec, peer, token, fd) = recorded_socket();
         let me = std::thread::current().name().map(str::to_owned);
         {
             let _driving = reactor.drive();
@@ -690,6 +697,27 @@ mod tests {
         (&peer).write_all(b"y").expect("write");
         wait_for("the progress thread's call", || calls(&rec).len() == 2);
         assert_eq!(calls(&rec)[1].as_deref(), Some("softrdma-progress"));
+        reactor.deregister(token, Some(fd));
+    }
+
+    #[test]
+    fn a_polling_round_handles_what_is_ready_on_its_thread_and_never_waits_for_another_round() {
+        let (reactor, rec, peer, token, fd) = recorded_socket();
+        let me = std::thread::current().name().map(str::to_owned);
+        // Driving keeps the progress thread off the source, so only this thread's rounds run.
+        let driving = reactor.drive();
+        assert!(!reactor.polling_round(), "nothing is ready");
+        (&peer).write_all(b"x").expect("write");
+        let turn = reactor.take_turn();
+        let t0 = Instant::now();
+        assert!(!reactor.polling_round(), "a round is under way: this one does nothing");
+        assert!(t0.elapsed() < Duration::from_secs(1), "without waiting for it");
+        assert!(calls(&rec).is_empty());
+        drop(turn);
+        assert!(reactor.polling_round(), "the round called the source");
+        assert_eq!(calls(&rec), vec![me], "on this thread");
+        assert!(!reactor.polling_round(), "handled: nothing is ready any more");
+        drop(driving);
         reactor.deregister(token, Some(fd));
     }
 

@@ -82,7 +82,6 @@ fn reserve_port(st: &mut IdState, src: IpAddr, ifindex: u32, udp: bool) -> Resul
         Socket::new(domain, Type::STREAM, Some(Protocol::TCP))
     }
     .map_err(|e| Error::os("rdma_connect: port", &e))?;
-    let _ = sock.set_cloexec(true);
     sock.bind(&at(0).into())
         .map_err(|e| Error::os(format!("rdma_connect: bind {src}"), &e))?;
     let port = sock

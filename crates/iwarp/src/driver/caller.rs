@@ -7,9 +7,11 @@
 //! is inside the connection, the waiting thread leaves it alone). The completion and its
 //! event then cost one wakeup instead of two.
 //!
-//! A polling caller (`ibv_poll_cq`) does not read iWARP sockets: each connection is its own
-//! socket, so every empty poll would cost a system call per connection. And a waiting thread
-//! watches at most [`WAIT_FDS_MAX`] connections: with more, the progress thread serves them.
+//! A polling caller (`ibv_poll_cq` that found nothing) runs a non-blocking round of the
+//! reactor while connections are open (`Reactor::polling_round`): one `epoll_wait` over every
+//! socket, and what is ready is handled on its thread, as the progress thread would. A waiting
+//! thread watches at most [`WAIT_FDS_MAX`] connections: with more, the progress thread serves
+//! them.
 
 use super::conn::{Phase, TcpConn};
 use softrdma_verbs::caller_step::CallerStep;
@@ -26,6 +28,12 @@ pub(crate) const WAIT_FDS_MAX: usize = 64;
 struct Established(Mutex<Vec<Weak<TcpConn>>>);
 
 impl Established {
+    /// Whether a connection is open (without pruning: that is for [`Established::live`]).
+    fn any(&self) -> bool {
+        let list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        list.iter().any(|w| w.strong_count() > 0)
+    }
+
     fn live(&self) -> Vec<Arc<TcpConn>> {
         let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
         list.retain(|w| w.strong_count() > 0);
@@ -50,9 +58,9 @@ pub(crate) fn add(conn: &Arc<TcpConn>) {
 struct Step(Arc<Established>);
 
 impl CallerStep for Step {
-    /// Polling callers leave the TCP sockets to the progress thread (see the module).
+    /// A polling caller's round of the reactor, while a connection is open (see the module).
     fn step(&self) -> bool {
-        false
+        self.0.any() && softrdma_verbs::progress::Reactor::existing().is_some_and(|r| r.polling_round())
     }
 
     fn wait_fds(&self, out: &mut Vec<RawFd>) {

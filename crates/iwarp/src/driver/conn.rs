@@ -874,7 +874,8 @@ impl Source for TcpConn {
 /// Starts an active connection for `qp` to `dst`. Events go to `sink`.
 pub fn connect(qp: &Qp, dst: SocketAddr, params: ConnectParams, sink: EventSink) -> Result<ConnHandle> {
     check_connectable(qp, dst, &params)?;
-    let sock = Socket::new(addr_domain(&dst), Type::STREAM, Some(Protocol::TCP))
+    // Non-blocking and close-on-exec (socket2 adds SOCK_CLOEXEC) from socket() itself.
+    let sock = Socket::new(addr_domain(&dst), Type::STREAM.nonblocking(), Some(Protocol::TCP))
         .map_err(|e| Error::os(format!("connect to {dst}: socket"), &e))?;
     if let Some(src) = params.src {
         // As siw's active side: the port is usable again at once after the connection.
@@ -903,7 +904,8 @@ fn check_connectable(qp: &Qp, dst: SocketAddr, params: &ConnectParams) -> Result
 }
 
 /// Like [`connect`], from a socket the caller already created (and possibly bound, e.g. to
-/// keep a port reserved since `rdma_bind_addr`).
+/// keep a port reserved since `rdma_bind_addr`), close-on-exec as socket2 and std create
+/// them, non-blocking or not.
 pub fn connect_socket(
     sock: Socket,
     qp: &Qp,
@@ -912,7 +914,10 @@ pub fn connect_socket(
     sink: EventSink,
 ) -> Result<ConnHandle> {
     check_connectable(qp, dst, &params)?;
-    connect_checked(sock, qp, dst, params, sink)
+    // std's way: one ioctl (FIONBIO), where socket2's is fcntl F_GETFL then F_SETFL.
+    let sock = std::net::TcpStream::from(sock);
+    sock.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
+    connect_checked(Socket::from(sock), qp, dst, params, sink)
 }
 
 /// [`connect_socket`] once [`check_connectable`] passed.
@@ -924,13 +929,11 @@ fn connect_checked(
     sink: EventSink,
 ) -> Result<ConnHandle> {
     sock.set_nodelay(true).map_err(|e| Error::os("TCP_NODELAY", &e))?;
-    sock.set_cloexec(true).map_err(|e| Error::os("FD_CLOEXEC", &e))?;
     if let Some(tos) = params.tos {
         if dst.is_ipv4() {
             let _ = sock.set_tos(tos as u32);
         }
     }
-    sock.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
     match sock.connect(&dst.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}

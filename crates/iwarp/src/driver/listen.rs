@@ -53,7 +53,8 @@ impl Source for ListenShared {
             return;
         }
         loop {
-            match sock.accept() {
+            // Non-blocking and close-on-exec from accept4 itself: no fcntl per connection.
+            match sock.accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) {
                 Ok((s, peer)) => {
                     self.resume();
                     let peer = peer.as_socket().unwrap_or(self.local);
@@ -114,10 +115,9 @@ impl ListenShared {
         Duration::from_millis(self.request_timeout_ms.load(Ordering::Relaxed))
     }
 
+    /// `s` is non-blocking and close-on-exec (accepted so).
     fn start_handshake(&self, s: Socket, peer: SocketAddr) -> Result<()> {
-        s.set_nonblocking(true).map_err(|e| Error::os("O_NONBLOCK", &e))?;
         let _ = s.set_nodelay(true);
-        let _ = s.set_cloexec(true);
         let local = s.local_addr().ok().and_then(|a| a.as_socket()).unwrap_or(self.local);
         let timeout = self.request_timeout();
         let deadline = Instant::now() + timeout;

@@ -9,6 +9,10 @@
 //! While a thread drives, the sources' readiness no longer wakes the progress thread (their
 //! set leaves the one it waits on); kicks and timers stay with it.
 //!
+//! A thread that polls a CQ runs such rounds too when soft-iWARP connections are open
+//! ([`Reactor::polling_round`]): each connection is its own socket, and one `epoll_wait` on
+//! the set looks at all of them.
+//!
 //! Rounds never overlap: each holds the reactor's turn from its `epoll_wait` to the end of
 //! its calls, so a source is never called for readiness another round already handled.
 
@@ -74,6 +78,38 @@ impl Reactor {
         let turn = self.take_turn();
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
         let n = self.harvest(&mut events, 0);
+        let calls = self.collect(&events[..n], false);
+        let any = !calls.is_empty();
+        turn.dispatch(calls);
+        any
+    }
+
+    /// A polling caller's round (`ibv_poll_cq` found nothing, see `caller_step`): like
+    /// [`Reactor::caller_round`], but it never waits. If a round is under way on another
+    /// thread (the progress thread's, usually: the same events), or a fork is, it does nothing.
+    /// Costs one `epoll_wait` when nothing is ready, and then leaves the turn alone: a poller
+    /// that took it on every empty poll would make the progress thread sleep on it (ib_write_lat
+    /// over siw_lo, whose application polls memory, lost its fast mode so). True if it called
+    /// a source.
+    pub fn polling_round(&self) -> bool {
+        if IN_ROUND.with(Cell::get) {
+            return false;
+        }
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
+        if self.harvest(&mut events, 0) == 0 {
+            return false;
+        }
+        let turn = match self.turn.try_lock() {
+            Ok(held) => Turn { _held: held },
+            Err(std::sync::TryLockError::Poisoned(p)) => Turn { _held: p.into_inner() },
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        // Again under the turn: what another round handled meanwhile is gone.
+        let n = self.harvest(&mut events, 0);
+        // Level-triggered: events left undispatched stay ready for the next round.
+        if n == 0 || self.lock().fork_pause {
+            return false;
+        }
         let calls = self.collect(&events[..n], false);
         let any = !calls.is_empty();
         turn.dispatch(calls);
