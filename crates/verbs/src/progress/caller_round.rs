@@ -60,6 +60,26 @@ impl Reactor {
         }
     }
 
+    /// The turn, unless a round is under way.
+    fn try_take_turn(&self) -> Option<Turn<'_>> {
+        match self.turn.try_lock() {
+            Ok(held) => Some(Turn { _held: held }),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(Turn { _held: p.into_inner() }),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Dispatches the fd events waiting now on this thread, under `turn`; false if it called
+    /// no source.
+    fn round_under(&self, turn: Turn<'_>) -> bool {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
+        let n = self.harvest(&mut events, 0);
+        let calls = self.collect(&events[..n], false);
+        let any = !calls.is_empty();
+        turn.dispatch(calls);
+        any
+    }
+
     /// The sources' epoll set: readable while a registered fd has an event waiting. For
     /// `poll` by a thread that then runs [`Reactor::caller_round`].
     pub fn ready_fd(&self) -> BorrowedFd<'_> {
@@ -75,13 +95,7 @@ impl Reactor {
         if IN_ROUND.with(Cell::get) || self.lock().fork_pause {
             return false;
         }
-        let turn = self.take_turn();
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
-        let n = self.harvest(&mut events, 0);
-        let calls = self.collect(&events[..n], false);
-        let any = !calls.is_empty();
-        turn.dispatch(calls);
-        any
+        self.round_under(self.take_turn())
     }
 
     /// A polling caller's round (`ibv_poll_cq` found nothing, see `caller_step`): like
@@ -92,28 +106,18 @@ impl Reactor {
     /// over siw_lo, whose application polls memory, lost its fast mode so). True if it called
     /// a source.
     pub fn polling_round(&self) -> bool {
-        if IN_ROUND.with(Cell::get) {
+        // Whether anything is ready: one event tells. Level-triggered, so it stays ready for
+        // the round.
+        let mut one = [libc::epoll_event { events: 0, u64: 0 }];
+        if IN_ROUND.with(Cell::get) || self.harvest(&mut one, 0) == 0 {
             return false;
         }
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
-        if self.harvest(&mut events, 0) == 0 {
+        let Some(turn) = self.try_take_turn() else { return false };
+        if self.lock().fork_pause {
             return false;
         }
-        let turn = match self.turn.try_lock() {
-            Ok(held) => Turn { _held: held },
-            Err(std::sync::TryLockError::Poisoned(p)) => Turn { _held: p.into_inner() },
-            Err(std::sync::TryLockError::WouldBlock) => return false,
-        };
-        // Again under the turn: what another round handled meanwhile is gone.
-        let n = self.harvest(&mut events, 0);
-        // Level-triggered: events left undispatched stay ready for the next round.
-        if n == 0 || self.lock().fork_pause {
-            return false;
-        }
-        let calls = self.collect(&events[..n], false);
-        let any = !calls.is_empty();
-        turn.dispatch(calls);
-        any
+        // Harvested again under the turn: what another round handled meanwhile is gone.
+        self.round_under(turn)
     }
 }
 
