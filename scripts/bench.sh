@@ -7,7 +7,8 @@
 #       through the drop-in library;
 #   latency, 8 B, one-way (a READ: its round trip), against sockperf TCP ping-pong (14 B, its
 #   smallest message; one-way = RTT/2); medians, the means next to them:
-#     - ib_send_lat, ib_write_lat, ib_read_lat over rxe_lo (perftest polls its CQ) against
+#     - ib_send_lat, ib_write_lat, ib_read_lat over rxe_lo and (with -R, rdma_cm) over siw_lo
+#       (perftest polls its CQ) against
 #       sockperf busy-poll (`--nonblocked`, the server's epoll timeout 0),
 #     - ib_send_lat -e and `softrdma perf send-lat --events` (both sleep on a completion
 #       channel) against sockperf blocking;
@@ -151,10 +152,11 @@ ib_bw() {
   val[$name]=$(awk '$1 == 1048576 && NF >= 4 { print $4 }' "$work/$name.log")
 }
 # ib_lat NAME TOOL ARGS...: perftest latency, 8 B; t_typical (median) and t_avg in µs, one-way
-# for SEND and WRITE (perftest halves the round trip), the whole round trip for READ
+# for SEND and WRITE (perftest halves the round trip), the whole round trip for READ; ARGS name
+# the device (-d)
 ib_lat() {
   local name=$1 tool=$2; shift 2
-  perftest "$name" "$tool" -d rxe_lo -s 8 -n "$lat_n" "$@"
+  perftest "$name" "$tool" -s 8 -n "$lat_n" "$@"
   val[$name]=$(awk '$1 == 8 && NF >= 6 { print $5 }' "$work/$name.log")
   val[$name.avg]=$(awk '$1 == 8 && NF >= 6 { print $6 }' "$work/$name.log")
 }
@@ -187,11 +189,14 @@ ib_bw r1 -d rxe_lo
 ib_bw siw1 -R -d siw_lo
 iperf iperf2
 sockperf_pp busy busy
-ib_lat send_lat ib_send_lat
-ib_lat write_lat ib_write_lat
-ib_lat read_lat ib_read_lat
+ib_lat send_lat ib_send_lat -d rxe_lo
+ib_lat write_lat ib_write_lat -d rxe_lo
+ib_lat read_lat ib_read_lat -d rxe_lo
+ib_lat send_lat_iw ib_send_lat -R -d siw_lo
+ib_lat write_lat_iw ib_write_lat -R -d siw_lo
+ib_lat read_lat_iw ib_read_lat -R -d siw_lo
 sockperf_pp block block
-ib_lat send_lat_ev ib_send_lat -e
+ib_lat send_lat_ev ib_send_lat -e -d rxe_lo
 perf_lat perf_ev_iw --events
 perf_lat perf_ev_roce --events -d rxe_lo
 # Each connection cycle leaves a TIME_WAIT socket (about 2,000 a run), and thousands of them
@@ -212,7 +217,7 @@ cm_rate cmr roce
 
 failed=()
 for k in iperf1 iperf2 w0 w1 r0 r1 siw1 busy busy.avg send_lat send_lat.avg write_lat write_lat.avg read_lat \
-  read_lat.avg block block.avg send_lat_ev send_lat_ev.avg perf_ev_iw perf_ev_iw.p99 perf_ev_roce perf_ev_roce.p99 cm cm.us tcpcm tcpcm.us cmr cmr.us tcpcmr tcpcmr.us; do
+  read_lat.avg send_lat_iw send_lat_iw.avg write_lat_iw write_lat_iw.avg read_lat_iw read_lat_iw.avg block block.avg send_lat_ev send_lat_ev.avg perf_ev_iw perf_ev_iw.p99 perf_ev_roce perf_ev_roce.p99 cm cm.us tcpcm tcpcm.us cmr cmr.us tcpcmr tcpcmr.us; do
   if num "${val[$k]:-}"; then printf '%s=%s\n' "$k" "${val[$k]}"; else failed+=("$k"); fi
 done >"$work/values"
 python3 - "$work/values" "$conns" <<'PY'
@@ -252,6 +257,9 @@ for key, what, ref, ref_text in [
     ("send_lat", "ib_send_lat 8 B, rxe_lo, polling, one-way", v.get("busy"), busy_text),
     ("write_lat", "ib_write_lat 8 B, rxe_lo, polling, one-way", v.get("busy"), busy_text),
     ("read_lat", "ib_read_lat 8 B, rxe_lo, polling, round trip", 2 * v["busy"] if busy else None, rtt),
+    ("send_lat_iw", "ib_send_lat -R 8 B, siw_lo, polling, one-way", v.get("busy"), busy_text),
+    ("write_lat_iw", "ib_write_lat -R 8 B, siw_lo, polling, one-way", v.get("busy"), busy_text),
+    ("read_lat_iw", "ib_read_lat -R 8 B, siw_lo, polling, round trip", 2 * v["busy"] if busy else None, rtt),
     ("send_lat_ev", "ib_send_lat -e 8 B, rxe_lo, completion channel, one-way", v.get("block"), block_text),
 ]:
     row(what, v.get(key) if lat(key) else None, lat(key), ref, ref_text, "lower")

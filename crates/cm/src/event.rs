@@ -294,7 +294,9 @@ impl EventChannel {
                     drive.get_or_insert_with(|| reactor.drive());
                     driving = self.wait_driving(reactor, wait);
                     if !driving {
-                        drive = None;
+                        if let Some(d) = drive.take() {
+                            d.hand_back();
+                        }
                     }
                     q = lock()?;
                     continue;
@@ -364,10 +366,10 @@ impl EventChannel {
         n
     }
 
-    /// Moves this id's queued events to `to` (for `migrate_id`).
-    pub(crate) fn move_events(&self, id: &Arc<IdInner>, to: &EventChannel) {
+    /// Drops this id's queued events (for `rdma_destroy_id`: dropped, they count as acked).
+    pub(crate) fn discard_events_of(&self, id: &Arc<IdInner>) {
         while let Some(ev) = self.pop_where(&|e| Arc::ptr_eq(e.id.inner(), id)) {
-            to.push(ev);
+            drop(ev);
         }
     }
 

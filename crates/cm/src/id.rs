@@ -1355,7 +1355,7 @@ impl CmId {
                 ib::close::destroy(h);
             }
         }
-        ch.move_events(&self.inner, &EventChannel::new()?);
+        ch.discard_events_of(&self.inner);
         let mut st = self.lock();
         st.ack_waiters += 1;
         while st.unacked > 0 {

@@ -23,6 +23,8 @@ use timer_clock::TimerClock;
 pub type Token = u64;
 
 const WAKER: Token = 0;
+/// The token of the kick eventfd in the sources' set (see [`Reactor::kick`]).
+const KICKS: Token = u64::MAX - 2;
 /// The token of the sources' epoll set in the progress thread's (see [`Reactor`]).
 const SOURCES: Token = u64::MAX - 1;
 /// The token of the timerfd ([`TimerClock`]).
@@ -83,18 +85,35 @@ struct State {
     armed: Option<Instant>,
     /// Application threads running rounds (`Reactor::drive`).
     drivers: usize,
+    /// No thread drives, but the sources' set stays out of the progress thread's until then
+    /// (see `Reactor::drive`): the timerfd wakes it to put the set back.
+    linger: Option<Instant>,
+    /// The kick eventfd was written and not read since.
+    kick_signalled: bool,
+}
+
+impl State {
+    /// The sources' set is out of the progress thread's: an application thread drives, or
+    /// will again soon (see `Reactor::drive`).
+    fn sources_out(&self) -> bool {
+        self.drivers > 0 || self.linger.is_some()
+    }
 }
 
 /// The reactor. One per process: [`Reactor::global`].
 ///
-/// Two epoll sets: the sources' fds are in `epfd`; the progress thread waits on `outer`,
-/// which holds `epfd` itself, the waker and the timerfd. An application thread that runs
-/// rounds itself (`caller_round`) takes `epfd` out of `outer` meanwhile, so that the
-/// readiness it handles does not also wake the progress thread.
+/// Two epoll sets: the sources' fds and the kick eventfd are in `epfd`; the progress thread
+/// waits on `outer`, which holds `epfd` itself, the waker and the timerfd. An application
+/// thread that runs rounds itself (`caller_round`) takes `epfd` out of `outer` meanwhile (and
+/// a linger after), so that the readiness and the kicks it handles do not also wake the
+/// progress thread.
 pub struct Reactor {
     epfd: OwnedFd,
     outer: OwnedFd,
     waker: OwnedFd,
+    /// In the sources' set: kicks made while the set is out of the progress thread's reach
+    /// the thread that drives (see [`Reactor::kick`]).
+    kick_fd: OwnedFd,
     clock: TimerClock,
     state: Mutex<State>,
     /// Signals `fork_pause` / `parked` changes between the forking and the progress thread.
@@ -153,14 +172,10 @@ impl Reactor {
     fn new() -> std::io::Result<Reactor> {
         let epfd = new_epoll()?;
         let outer = new_epoll()?;
-        // SAFETY: plain syscall; result checked.
-        let wfd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if wfd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd we own.
-        let waker = unsafe { OwnedFd::from_raw_fd(wfd) };
+        let waker = new_eventfd()?;
+        let kick_fd = new_eventfd()?;
         let clock = TimerClock::new()?;
+        epoll_add(&epfd, kick_fd.as_raw_fd(), KICKS)?;
         epoll_add(&outer, waker.as_raw_fd(), WAKER)?;
         epoll_add(&outer, clock.raw_fd(), TIMERS)?;
         epoll_add(&outer, epfd.as_raw_fd(), SOURCES)?;
@@ -169,6 +184,7 @@ impl Reactor {
             epfd,
             outer,
             waker,
+            kick_fd,
             clock,
             state: Mutex::new(State {
                 sources: HashMap::new(),
@@ -181,6 +197,8 @@ impl Reactor {
                 parked: false,
                 armed: None,
                 drivers: 0,
+                linger: None,
+                kick_signalled: false,
             }),
             fork_cv: Condvar::new(),
             polling,
@@ -193,9 +211,7 @@ impl Reactor {
     }
 
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.waker.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        eventfd_signal(&self.waker);
     }
 
     /// Registers a source without an fd (timers and kicks only).
@@ -255,17 +271,32 @@ impl Reactor {
         st.fds.remove(&token);
     }
 
-    /// Asks the progress thread to call the source with `kicked` soon. Callable from any thread.
+    /// Asks for a call of the source with `kicked` soon, in a round of the thread that serves
+    /// the sources: the progress thread, or the application thread that drives (see
+    /// [`Reactor::drive`]; the kick eventfd in the sources' set wakes it). Callable from any
+    /// thread. A kick made inside a round is served by that round before it ends (an
+    /// application thread's too, see `caller_round`), so it wakes no thread.
     pub fn kick(&self, token: Token) {
-        let sleeping = {
-            let mut st = self.lock();
-            if !st.kicked.contains(&token) {
-                st.kicked.push(token);
-            }
-            st.sleeping
-        };
-        if sleeping {
+        let mut st = self.lock();
+        if !st.kicked.contains(&token) {
+            st.kicked.push(token);
+        }
+        if caller_round::in_round() {
+            return;
+        }
+        if st.sources_out() {
+            self.signal_kicks(&mut st);
+        } else if st.sleeping {
+            drop(st);
             self.wake();
+        }
+    }
+
+    /// Makes the sources' set readable for the kicks pending (once until they are taken).
+    fn signal_kicks(&self, st: &mut State) {
+        if !st.kick_signalled {
+            eventfd_signal(&self.kick_fd);
+            st.kick_signalled = true;
         }
     }
 
@@ -285,7 +316,10 @@ impl Reactor {
     /// costs one early round of the progress thread, where re-arming would cost a system call
     /// each time (soft-RoCE sets and withdraws an ACK timer for every message).
     fn rearm(&self, st: &mut State) {
-        let next = st.timers.peek().map(|Reverse((d, _))| *d);
+        let next = match (st.timers.peek().map(|Reverse((d, _))| *d), st.linger) {
+            (Some(t), Some(l)) => Some(t.min(l)),
+            (t, l) => t.or(l),
+        };
         let now = Instant::now();
         let keep = match st.armed {
             Some(a) if Some(a) == next => true,
@@ -349,8 +383,13 @@ impl Reactor {
                     }
                     st.timers.pop();
                 }
-                // Timers wake it through the timerfd.
-                let t = if !st.kicked.is_empty() || self.polling { 0 } else { -1 };
+                // Timers wake it through the timerfd. While the sources are out, the kicks
+                // (those its last round made, too) are the driving thread's.
+                let kicks_here = !st.kicked.is_empty() && !st.sources_out();
+                if !st.kicked.is_empty() && st.sources_out() {
+                    self.signal_kicks(&mut st);
+                }
+                let t = if kicks_here || self.polling { 0 } else { -1 };
                 st.sleeping = t != 0;
                 t
             };
@@ -358,14 +397,10 @@ impl Reactor {
             // SAFETY: valid epoll fd and a buffer of `ctl.len()` entries.
             let m = unsafe { libc::epoll_wait(self.outer.as_raw_fd(), ctl.as_mut_ptr(), ctl.len() as i32, timeout_ms) };
             self.lock().sleeping = false;
-            let mut sources = self.polling;
+            let mut sources = self.polling | self.end_linger_if_due();
             for e in ctl.iter().take(m.max(0) as usize) {
                 match e.u64 {
-                    WAKER => {
-                        let mut v: u64 = 0;
-                        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
-                        unsafe { libc::read(self.waker.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-                    }
+                    WAKER => eventfd_clear(&self.waker),
                     TIMERS => self.clock.clear(),
                     _ => sources = true,
                 }
@@ -413,17 +448,9 @@ impl Reactor {
         if !whole {
             return calls;
         }
-        for token in std::mem::take(&mut st.kicked) {
-            if let Some(s) = st.sources.get(&token) {
-                calls.push((
-                    s.clone(),
-                    token,
-                    Event {
-                        kicked: true,
-                        ..Event::default()
-                    },
-                ));
-            }
+        // While the sources are out, the kicks are the driving thread's (`run` signals them).
+        if !st.sources_out() {
+            self.take_kicks(&mut st, &mut calls);
         }
         let now = Instant::now();
         while let Some(Reverse((d, token))) = st.timers.peek().copied() {
@@ -445,6 +472,53 @@ impl Reactor {
         self.rearm(&mut st);
         calls
     }
+}
+
+impl Reactor {
+    /// The calls for the sources kicked since the last round (the kicks, and the kick
+    /// eventfd's signal, are taken).
+    fn take_kicks(&self, st: &mut State, calls: &mut Vec<(Arc<dyn Source>, Token, Event)>) {
+        if std::mem::take(&mut st.kick_signalled) {
+            eventfd_clear(&self.kick_fd);
+        }
+        for token in std::mem::take(&mut st.kicked) {
+            if let Some(s) = st.sources.get(&token) {
+                calls.push((
+                    s.clone(),
+                    token,
+                    Event {
+                        kicked: true,
+                        ..Event::default()
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd.
+fn new_eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; result checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes `fd` (an eventfd) readable.
+fn eventfd_signal(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Reads `fd` (a non-blocking eventfd) back to not readable.
+fn eventfd_clear(fd: &OwnedFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
+    unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
 }
 
 fn new_epoll() -> std::io::Result<OwnedFd> {
@@ -538,6 +612,7 @@ impl ForkHold {
             self.reactor.epfd.as_raw_fd(),
             self.reactor.outer.as_raw_fd(),
             self.reactor.waker.as_raw_fd(),
+            self.reactor.kick_fd.as_raw_fd(),
             self.reactor.clock.raw_fd(),
         ]
         .into_iter()
@@ -569,6 +644,7 @@ pub const POLL_SLICE: Duration = Duration::from_micros(200);
 
 #[cfg(test)]
 mod tests {
+    use super::caller_round::DRIVE_LINGER;
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -644,6 +720,8 @@ mod tests {
     struct Recorder {
         sock: UnixStream,
         threads: Mutex<Vec<Option<String>>>,
+        /// When each call came.
+        times: Mutex<Vec<Instant>>,
     }
 
     impl Source for Recorder {
@@ -655,7 +733,15 @@ mod tests {
             while matches!((&self.sock).read(&mut buf), Ok(n) if n > 0) {}
             let name = std::thread::current().name().map(str::to_owned);
             self.threads.lock().unwrap().push(name);
+            self.times.lock().unwrap().push(Instant::now());
         }
+    }
+
+    /// The tests whose threads drive the reactor take turns: a round run by one would serve
+    /// the other's sources too.
+    fn one_driver_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static SERIAL: Mutex<()> = Mutex::new(());
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn calls(r: &Recorder) -> Vec<Option<String>> {
@@ -672,6 +758,7 @@ mod tests {
         let rec = Arc::new(Recorder {
             sock: ours,
             threads: Mutex::new(Vec::new()),
+            times: Mutex::new(Vec::new()),
         });
         let token = reactor.register(fd, Interest::READ, rec.clone()).expect("register");
         (reactor, rec, peer, token, fd)
@@ -679,6 +766,7 @@ mod tests {
 
     #[test]
     fn a_driving_thread_runs_the_round_itself_and_then_hands_the_sources_back() {
+        let _serial = one_driver_at_a_time();
         let (reactor, rec, peer, token, fd) = recorded_socket();
         let me = std::thread::current().name().map(str::to_owned);
         {
@@ -702,6 +790,7 @@ mod tests {
 
     #[test]
     fn a_polling_round_handles_what_is_ready_on_its_thread_and_never_waits_for_another_round() {
+        let _serial = one_driver_at_a_time();
         let (reactor, rec, peer, token, fd) = recorded_socket();
         let me = std::thread::current().name().map(str::to_owned);
         // Driving keeps the progress thread off the source, so only this thread's rounds run.
@@ -719,6 +808,62 @@ mod tests {
         assert!(!reactor.polling_round(), "handled: nothing is ready any more");
         drop(driving);
         reactor.deregister(token, Some(fd));
+    }
+
+    #[test]
+    fn the_sources_stay_with_the_application_for_the_linger_after_its_last_wait() {
+        let _serial = one_driver_at_a_time();
+        let (reactor, rec, peer, token, fd) = recorded_socket();
+        // Readiness just after the last driver left: the progress thread serves it, but not
+        // before the linger is over (the thread could have come back for it until then).
+        let driving = reactor.drive();
+        let left = Instant::now();
+        drop(driving);
+        (&peer).write_all(b"x").expect("write");
+        wait_for("the progress thread's call", || calls(&rec).len() == 1);
+        assert_eq!(calls(&rec)[0].as_deref(), Some("softrdma-progress"));
+        let served = rec.times.lock().unwrap()[0];
+        assert!(
+            served >= left + DRIVE_LINGER,
+            "served {:?} after the driver left",
+            served - left
+        );
+        // A driver that hands the sources back leaves no linger: they are served at once
+        // (well within the wait, which is all a test can tell).
+        reactor.drive().hand_back();
+        (&peer).write_all(b"y").expect("write");
+        wait_for("the progress thread's second call", || calls(&rec).len() == 2);
+        assert_eq!(calls(&rec)[1].as_deref(), Some("softrdma-progress"));
+        reactor.deregister(token, Some(fd));
+    }
+
+    #[test]
+    fn a_kick_while_a_thread_drives_is_that_threads_to_serve() {
+        let _serial = one_driver_at_a_time();
+        let reactor = Reactor::global().expect("reactor");
+        let counter = Arc::new(Counter(AtomicU32::new(0)));
+        let token = reactor.add(counter.clone());
+        let driving = reactor.drive();
+        // Kicked from another thread: the sources' set becomes readable for the driver, and
+        // the progress thread leaves the kick alone.
+        std::thread::spawn(move || reactor.kick(token)).join().expect("kicker");
+        let mut fds = [nix::poll::PollFd::new(reactor.ready_fd(), nix::poll::PollFlags::POLLIN)];
+        let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).expect("poll");
+        assert_eq!(n, 1, "the sources' set is readable");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(counter.0.load(Ordering::SeqCst), 0, "the progress thread took the kick");
+        assert!(reactor.caller_round(), "the round served the kick");
+        assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+        assert!(
+            !reactor.caller_round(),
+            "nothing is left: the kick's signal was taken too"
+        );
+        drop(driving);
+        // Without a driver (and its linger over), a kick goes to the progress thread again.
+        reactor.drive().hand_back();
+        reactor.kick(token);
+        wait_for("the progress thread's kick", || counter.0.load(Ordering::SeqCst) == 2);
+        reactor.deregister(token, None);
     }
 
     /// Counts timer calls and when they came.

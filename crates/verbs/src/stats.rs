@@ -149,12 +149,18 @@ pub fn snapshot() -> ProcessStats {
 /// The pid the server runs for (0: none yet); a forked child starts its own.
 static SERVER_PID: AtomicU32 = AtomicU32::new(0);
 
-/// Starts this process's counter socket (once per process; again in a forked child).
+/// Whether this fork generation's counter socket was started (see [`ensure_server`]).
+static STARTED: crate::fork::PerProcess<()> = crate::fork::PerProcess::new();
+
+/// Starts this process's counter socket (once per process; again in a forked child). Every
+/// device open calls it: the check is an atomic load (no `getpid`).
 pub(crate) fn ensure_server() {
+    STARTED.get_or_init(start_server);
+}
+
+fn start_server() {
     let pid = std::process::id();
-    if SERVER_PID.swap(pid, Ordering::AcqRel) == pid {
-        return;
-    }
+    SERVER_PID.store(pid, Ordering::Release);
     let name = format!("{SOCKET_PREFIX}{pid}");
     let listener = match SocketAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixListener::bind_addr(&a)) {
         Ok(l) => l,

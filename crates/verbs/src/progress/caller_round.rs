@@ -7,7 +7,9 @@
 //! and, when that is readable, runs the round itself ([`Reactor::caller_round`]): the fd
 //! events waiting now, dispatched to their sources exactly as the progress thread would.
 //! While a thread drives, the sources' readiness no longer wakes the progress thread (their
-//! set leaves the one it waits on); kicks and timers stay with it.
+//! set leaves the one it waits on), nor do kicks (they signal an eventfd inside the set); the
+//! timers stay with it. The set stays out for a short linger after the last driver stopped
+//! ([`DRIVE_LINGER`]), for the thread that takes its CM events one after another.
 //!
 //! A thread that polls a CQ runs such rounds too when soft-iWARP connections are open
 //! ([`Reactor::polling_round`]): each connection is its own socket, and one `epoll_wait` on
@@ -20,6 +22,11 @@ use super::{Event, Reactor, Source, Token};
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long the sources stay with the application's threads after the last one stopped
+/// driving (see [`Reactor::drive`]).
+pub const DRIVE_LINGER: Duration = Duration::from_micros(500);
 
 /// The most fd events one caller round dispatches.
 const CALLER_ROUND_EVENTS: usize = 64;
@@ -35,9 +42,14 @@ pub(super) struct Turn<'a> {
     _held: MutexGuard<'a, ()>,
 }
 
+/// Whether this thread is inside a round (calling sources).
+pub(super) fn in_round() -> bool {
+    IN_ROUND.with(Cell::get)
+}
+
 impl Turn<'_> {
     /// Calls each source, marking this thread as inside a round meanwhile.
-    pub(super) fn dispatch(self, calls: Vec<(Arc<dyn Source>, Token, Event)>) {
+    pub(super) fn dispatch(&self, calls: Vec<(Arc<dyn Source>, Token, Event)>) {
         struct Inside;
         impl Drop for Inside {
             fn drop(&mut self) {
@@ -69,14 +81,31 @@ impl Reactor {
         }
     }
 
-    /// Dispatches the fd events waiting now on this thread, under `turn`; false if it called
-    /// no source.
+    /// Dispatches the fd events waiting now on this thread, under `turn`, and then the kicks
+    /// pending, those its calls made included (a MAD handed to the IB CM: they would
+    /// otherwise wake another thread). One pass: the kicks that pass makes are signalled for
+    /// the next round, of whichever thread serves the sources then, which keeps this one
+    /// bounded. False if it called no source. The timers stay with the progress thread.
     fn round_under(&self, turn: Turn<'_>) -> bool {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; CALLER_ROUND_EVENTS];
         let n = self.harvest(&mut events, 0);
         let calls = self.collect(&events[..n], false);
-        let any = !calls.is_empty();
+        let mut any = !calls.is_empty();
         turn.dispatch(calls);
+        let mut kicked = Vec::new();
+        self.take_kicks(&mut self.lock(), &mut kicked);
+        any |= !kicked.is_empty();
+        turn.dispatch(kicked);
+        drop(turn);
+        let mut st = self.lock();
+        if !st.kicked.is_empty() {
+            if st.sources_out() {
+                self.signal_kicks(&mut st);
+            } else if st.sleeping {
+                drop(st);
+                self.wake();
+            }
+        }
         any
     }
 
@@ -125,19 +154,50 @@ impl Reactor {
 /// sources back to the progress thread.
 pub struct Driving<'a> {
     reactor: &'a Reactor,
+    /// Whether the sources stay out of the progress thread's reach for [`DRIVE_LINGER`]
+    /// after the last driver (see [`Driving::hand_back`]).
+    linger: bool,
+}
+
+impl Driving<'_> {
+    /// Stops driving and, if no other thread drives, hands the sources back to the
+    /// progress thread at once, without the linger: for a thread that will not run rounds
+    /// again soon (its round found nothing to do, and it now waits for something else).
+    pub fn hand_back(mut self) {
+        self.linger = false;
+    }
 }
 
 impl Reactor {
     /// Declares that the calling thread runs rounds until the guard is dropped: the sources'
-    /// readiness stops waking the progress thread (with the first such thread) and wakes it
-    /// again (with the last); what became ready meanwhile is reported to it at once.
+    /// readiness stops waking the progress thread (with the first such thread), and wakes it
+    /// again [`DRIVE_LINGER`] after the last one stopped, unless a thread drives again by
+    /// then; what became ready meanwhile is reported to it at once. A thread that takes its
+    /// CM events one after another (connect, then wait; accept, then wait) keeps the
+    /// handshakes' sockets through the short gaps between its waits, where the progress
+    /// thread would otherwise be woken to handle them and then wake it.
     pub fn drive(&self) -> Driving<'_> {
         let mut st = self.lock();
         st.drivers += 1;
-        if st.drivers == 1 {
+        if st.drivers == 1 && st.linger.take().is_none() {
             self.sources_wake_progress(false);
         }
-        Driving { reactor: self }
+        Driving {
+            reactor: self,
+            linger: true,
+        }
+    }
+
+    /// Puts the sources' set back into the progress thread's once the linger after the last
+    /// driver is over; true if it did.
+    pub(super) fn end_linger_if_due(&self) -> bool {
+        let mut st = self.lock();
+        if st.linger.is_some_and(|until| until <= Instant::now()) {
+            st.linger = None;
+            self.sources_wake_progress(true);
+            return true;
+        }
+        false
     }
 
     /// Puts the sources' set into the progress thread's (`wake`) or takes it out.
@@ -159,8 +219,21 @@ impl Drop for Driving<'_> {
     fn drop(&mut self) {
         let mut st = self.reactor.lock();
         st.drivers -= 1;
-        if st.drivers == 0 {
+        if st.drivers > 0 {
+            return;
+        }
+        if !self.linger {
             self.reactor.sources_wake_progress(true);
+        } else {
+            // The timerfd, armed unless it fires sooner already, ends the linger on the
+            // progress thread (`end_linger_if_due`); it re-arms for a linger a later driver
+            // pushed out.
+            let until = Instant::now() + DRIVE_LINGER;
+            st.linger = Some(until);
+            if st.armed.is_none_or(|a| until < a) {
+                self.reactor.clock.arm(Some(until));
+                st.armed = Some(until);
+            }
         }
     }
 }
