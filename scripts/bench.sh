@@ -19,9 +19,8 @@
 #     of its own that keeps no TIME_WAIT sockets; see cm_rate).
 # Takes about 1 min after the release build on 2 vCPUs (BENCH_QUICK=1: shorter runs, about 20 s,
 # to check that every row gives a number; its numbers are noisier). Nothing is pinned to a CPU:
-# run it on a quiet machine and compare ratios, not absolute numbers. SOFTRDMA_POLL=1 in the
-# environment makes softrdma's progress threads spin (see the README); the default is the
-# sleeping progress thread. The devices are the defaults (siw_lo, rxe_lo): SOFTRDMA_CONFIG and
+# run it on a quiet machine and compare ratios, not absolute numbers. The devices are the
+# defaults (siw_lo, rxe_lo): SOFTRDMA_CONFIG and
 # SOFTRDMA_TRANSPORTS are unset. All traffic is to 127.0.0.1 (perftest's servers listen on
 # 0.0.0.0; perftest has no option to bind them). A row without a number reads "failed", the
 # logs are kept and the exit status is 1.

@@ -105,3 +105,38 @@ fn every_test_over_rxe() {
         run(test, &["-d", "rxe_lo"]);
     }
 }
+
+/// `SOFTRDMA_POLL` was retired: set, it changes nothing (the run completes, data verified)
+/// and the user is told once that it is ignored, and why.
+#[test]
+fn the_retired_poll_variable_is_ignored_with_a_notice() {
+    let env = ["env", "SOFTRDMA_POLL=1"];
+    let (mut server, port) = start_server(&env, &["perf", "send-lat", "-b", "127.0.0.1", "-p", "0"]);
+    let port = port.to_string();
+    let out = run_bounded(
+        &[
+            env[0],
+            env[1],
+            common::bin(),
+            "perf",
+            "send-lat",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-s",
+            "8",
+            "-n",
+            "30",
+            "--json",
+        ],
+        Duration::from_secs(60),
+    );
+    check_results("send-lat", &out, &[8]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("SOFTRDMA_POLL is set but ignored: retired").count(),
+        1,
+        "{err}"
+    );
+    assert!(server.0.wait().expect("server exit").success());
+}

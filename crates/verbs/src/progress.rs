@@ -2,10 +2,10 @@
 //!
 //! Sources (a listening socket, a handshake, a connected QP) register an fd and get called on
 //! readiness, on a `kick` from another thread (new work was posted), and on their timers (one
-//! timerfd, `timer_clock`). The thread sleeps in `epoll_wait` when idle (≈0% CPU). With
-//! `SOFTRDMA_POLL=1` it never sleeps: it spins on `epoll_wait(…, 0)`, trading a CPU for the
-//! ~50 µs cross-CPU wakeup. An application thread that waits for a CM event runs the rounds
-//! itself meanwhile (`caller_round`).
+//! timerfd, `timer_clock`). The thread sleeps in `epoll_wait` when idle (≈0% CPU); it never
+//! spins (a spinning mode was measured slower everywhere and retired, see
+//! `settings::RETIRED`). Application threads run rounds themselves instead: one that waits
+//! for a CM event, one whose CQ poll found nothing (`caller_round`).
 
 use crate::fork::PerProcess;
 use std::cmp::Reverse;
@@ -118,7 +118,6 @@ pub struct Reactor {
     state: Mutex<State>,
     /// Signals `fork_pause` / `parked` changes between the forking and the progress thread.
     fork_cv: Condvar,
-    polling: bool,
     /// Held while a round calls its sources, by the progress thread or by an application
     /// thread (`caller_round`): rounds never overlap.
     turn: Mutex<()>,
@@ -179,7 +178,7 @@ impl Reactor {
         epoll_add(&outer, waker.as_raw_fd(), WAKER)?;
         epoll_add(&outer, clock.raw_fd(), TIMERS)?;
         epoll_add(&outer, epfd.as_raw_fd(), SOURCES)?;
-        let polling = crate::settings::POLL.is_on();
+        crate::settings::notice_retired();
         Ok(Reactor {
             epfd,
             outer,
@@ -201,7 +200,6 @@ impl Reactor {
                 kick_signalled: false,
             }),
             fork_cv: Condvar::new(),
-            polling,
             turn: Mutex::new(()),
         })
     }
@@ -389,7 +387,7 @@ impl Reactor {
                 if !st.kicked.is_empty() && st.sources_out() {
                     self.signal_kicks(&mut st);
                 }
-                let t = if kicks_here || self.polling { 0 } else { -1 };
+                let t = if kicks_here { 0 } else { -1 };
                 st.sleeping = t != 0;
                 t
             };
@@ -397,7 +395,7 @@ impl Reactor {
             // SAFETY: valid epoll fd and a buffer of `ctl.len()` entries.
             let m = unsafe { libc::epoll_wait(self.outer.as_raw_fd(), ctl.as_mut_ptr(), ctl.len() as i32, timeout_ms) };
             self.lock().sleeping = false;
-            let mut sources = self.polling | self.end_linger_if_due();
+            let mut sources = self.end_linger_if_due();
             for e in ctl.iter().take(m.max(0) as usize) {
                 match e.u64 {
                     WAKER => eventfd_clear(&self.waker),

@@ -103,13 +103,6 @@ pub const STATS: Var = Var {
     default: "0",
     about: "print each soft-RoCE QP's transport counters when it is destroyed (live: softrdma stat)",
 };
-/// Spin instead of sleeping in the progress thread.
-pub const POLL: Var = Var {
-    name: "SOFTRDMA_POLL",
-    value: "0|1",
-    default: "0",
-    about: "the progress thread spins instead of sleeping (lower latency, one busy CPU)",
-};
 /// IB CM response timeout.
 pub const CM_TIMEOUT_MS: Var = Var {
     name: "SOFTRDMA_CM_TIMEOUT_MS",
@@ -181,6 +174,26 @@ pub const DROPIN_DIR: Var = Var {
     about: "the directory with the drop-in libibverbs.so.1 and librdmacm.so.1 (softrdma run, softrdma env)",
 };
 
+/// Variables that were retired, and why: set, each is ignored with a one-line notice on
+/// stderr (unless `SOFTRDMA_QUIET=1`), once per process ([`notice_retired`]).
+pub const RETIRED: &[(&str, &str)] = &[(
+    "SOFTRDMA_POLL",
+    "retired on 2026-12-07: a spinning progress thread made every workload measured slower \
+     (perftest latency 8-100x, CM cycles 20-50 %), so the progress thread sleeps when idle",
+)];
+
+/// Prints the notice of each retired variable that is set (see [`RETIRED`]), once.
+pub fn notice_retired() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (name, why) in RETIRED {
+            if std::env::var_os(name).is_some() && !QUIET.is_on() {
+                eprintln!("softrdma: {name} is set but ignored: {why}");
+            }
+        }
+    });
+}
+
 /// Every variable, in the order `--help` lists them.
 pub const ALL: &[Var] = &[
     CONFIG,
@@ -189,7 +202,6 @@ pub const ALL: &[Var] = &[
     QUIET,
     LOG,
     STATS,
-    POLL,
     CM_TIMEOUT_MS,
     CM_RETRIES,
     IWARP_P2P,
