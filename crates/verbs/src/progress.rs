@@ -282,20 +282,29 @@ impl Reactor {
         if caller_round::in_round() {
             return;
         }
-        if st.sources_out() {
-            self.signal_kicks(&mut st);
-        } else if st.sleeping {
-            drop(st);
+        let wake = self.route_kicks(&mut st);
+        drop(st);
+        if wake {
             self.wake();
         }
     }
 
-    /// Makes the sources' set readable for the kicks pending (once until they are taken).
-    fn signal_kicks(&self, st: &mut State) {
+    /// Tells the thread that serves the sources about the kicks pending: while the sources'
+    /// set is out, by making it readable (the kick eventfd, once until the kicks are taken);
+    /// otherwise true if the progress thread sleeps and must be woken (by the caller, with
+    /// the state unlocked).
+    fn route_kicks(&self, st: &mut State) -> bool {
+        if st.kicked.is_empty() {
+            return false;
+        }
+        if !st.sources_out() {
+            return st.sleeping;
+        }
         if !st.kick_signalled {
             eventfd_signal(&self.kick_fd);
             st.kick_signalled = true;
         }
+        false
     }
 
     /// Calls the source with `timer` at (or soon after) `deadline`. The progress thread is
@@ -303,6 +312,11 @@ impl Reactor {
     pub fn set_timer(&self, token: Token, deadline: Instant) {
         let mut st = self.lock();
         st.timers.push(Reverse((deadline, token)));
+        self.arm_by(&mut st, deadline);
+    }
+
+    /// Arms the timerfd for `deadline` unless it fires sooner already.
+    fn arm_by(&self, st: &mut State, deadline: Instant) {
         if st.armed.is_none_or(|a| deadline < a) {
             self.clock.arm(Some(deadline));
             st.armed = Some(deadline);
@@ -383,19 +397,23 @@ impl Reactor {
                 }
                 // Timers wake it through the timerfd. While the sources are out, the kicks
                 // (those its last round made, too) are the driving thread's.
-                let kicks_here = !st.kicked.is_empty() && !st.sources_out();
-                if !st.kicked.is_empty() && st.sources_out() {
-                    self.signal_kicks(&mut st);
-                }
-                let t = if kicks_here { 0 } else { -1 };
+                self.route_kicks(&mut st);
+                let t = if !st.kicked.is_empty() && !st.sources_out() {
+                    0
+                } else {
+                    -1
+                };
                 st.sleeping = t != 0;
                 t
             };
             let mut ctl = [libc::epoll_event { events: 0, u64: 0 }; 3];
             // SAFETY: valid epoll fd and a buffer of `ctl.len()` entries.
             let m = unsafe { libc::epoll_wait(self.outer.as_raw_fd(), ctl.as_mut_ptr(), ctl.len() as i32, timeout_ms) };
-            self.lock().sleeping = false;
-            let mut sources = self.end_linger_if_due();
+            let mut sources = {
+                let mut st = self.lock();
+                st.sleeping = false;
+                self.end_linger_if_due(&mut st)
+            };
             for e in ctl.iter().take(m.max(0) as usize) {
                 match e.u64 {
                     WAKER => eventfd_clear(&self.waker),
@@ -742,6 +760,13 @@ mod tests {
         SERIAL.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Waits (5 s at most) for the sources' set to be readable, as a driving thread does.
+    fn assert_sources_ready(reactor: &Reactor) {
+        let mut fds = [nix::poll::PollFd::new(reactor.ready_fd(), nix::poll::PollFlags::POLLIN)];
+        let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).expect("poll");
+        assert_eq!(n, 1, "the sources' set is readable");
+    }
+
     fn calls(r: &Recorder) -> Vec<Option<String>> {
         r.threads.lock().unwrap().clone()
     }
@@ -770,9 +795,7 @@ mod tests {
         {
             let _driving = reactor.drive();
             (&peer).write_all(b"x").expect("write");
-            let mut fds = [nix::poll::PollFd::new(reactor.ready_fd(), nix::poll::PollFlags::POLLIN)];
-            let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).expect("poll");
-            assert_eq!(n, 1, "the sources' set is readable");
+            assert_sources_ready(reactor);
             assert!(reactor.caller_round(), "the round called the source");
             assert_eq!(calls(&rec), vec![me.clone()], "on this thread");
             // The progress thread was not woken to handle it as well.
@@ -845,9 +868,7 @@ mod tests {
         // Kicked from another thread: the sources' set becomes readable for the driver, and
         // the progress thread leaves the kick alone.
         std::thread::spawn(move || reactor.kick(token)).join().expect("kicker");
-        let mut fds = [nix::poll::PollFd::new(reactor.ready_fd(), nix::poll::PollFlags::POLLIN)];
-        let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).expect("poll");
-        assert_eq!(n, 1, "the sources' set is readable");
+        assert_sources_ready(reactor);
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(counter.0.load(Ordering::SeqCst), 0, "the progress thread took the kick");
         assert!(reactor.caller_round(), "the round served the kick");

@@ -18,7 +18,7 @@
 //! Rounds never overlap: each holds the reactor's turn from its `epoll_wait` to the end of
 //! its calls, so a source is never called for readiness another round already handled.
 
-use super::{Event, Reactor, Source, Token};
+use super::{Event, Reactor, Source, State, Token};
 use std::cell::Cell;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::{Arc, MutexGuard};
@@ -98,13 +98,10 @@ impl Reactor {
         turn.dispatch(kicked);
         drop(turn);
         let mut st = self.lock();
-        if !st.kicked.is_empty() {
-            if st.sources_out() {
-                self.signal_kicks(&mut st);
-            } else if st.sleeping {
-                drop(st);
-                self.wake();
-            }
+        let wake = self.route_kicks(&mut st);
+        drop(st);
+        if wake {
+            self.wake();
         }
         any
     }
@@ -190,8 +187,7 @@ impl Reactor {
 
     /// Puts the sources' set back into the progress thread's once the linger after the last
     /// driver is over; true if it did.
-    pub(super) fn end_linger_if_due(&self) -> bool {
-        let mut st = self.lock();
+    pub(super) fn end_linger_if_due(&self, st: &mut State) -> bool {
         if st.linger.is_some_and(|until| until <= Instant::now()) {
             st.linger = None;
             self.sources_wake_progress(true);
@@ -230,10 +226,7 @@ impl Drop for Driving<'_> {
             // pushed out.
             let until = Instant::now() + DRIVE_LINGER;
             st.linger = Some(until);
-            if st.armed.is_none_or(|a| until < a) {
-                self.reactor.clock.arm(Some(until));
-                st.armed = Some(until);
-            }
+            self.reactor.arm_by(&mut st, until);
         }
     }
 }
