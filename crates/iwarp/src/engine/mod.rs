@@ -1,9 +1,10 @@
 //! The soft-iWARP protocol engine for one connected QP, sans-I/O.
 //!
 //! Bytes from the TCP stream go in ([`Engine::rx_scatter`] + [`Engine::rx_received`]: the
-//! receive buffer, and without CRC a large WRITE's payload straight into its MR); bytes to
-//! send come out ([`Engine::fill_tx`], [`Engine::tx_gather`], [`Engine::tx_consumed`]): the
-//! engine's own bytes and, without CRC, ranges of registered memory sent from the MR.
+//! receive buffer, and a large WRITE, Read Response or SEND payload straight into its MR);
+//! bytes to send come out ([`Engine::fill_tx`], [`Engine::tx_gather`], [`Engine::tx_consumed`]):
+//! the engine's own bytes and ranges of registered memory sent from the MR (with MPA CRC too:
+//! the CRC is computed over them, see `tx_queue`).
 //! The engine reads the QP's send and receive queues, places data into registered memory
 //! after checking keys, PD, rights and bounds, and reports completions and async events as
 //! values ([`Engine::take_outputs`]) for its driver to deliver. It never touches a socket, a
@@ -31,6 +32,8 @@ mod plain_host_tests;
 mod tests;
 #[cfg(test)]
 mod with_device_tests;
+#[cfg(test)]
+mod zero_copy_crc_tests;
 #[cfg(test)]
 mod zero_copy_tests;
 
@@ -227,10 +230,12 @@ pub struct Engine {
     recv_msn: u32,
     rreq_msn_expected: u32,
     cur_recv: Option<RecvInProgress>,
-    /// A WRITE payload being received straight into its MR.
+    /// A payload (WRITE, Read Response, SEND) being received straight into its MR.
     direct: Option<rx_direct::Direct>,
     /// Bytes after a directly placed payload (its pad and CRC field) still to skip.
     rx_skip: usize,
+    /// With MPA CRC: a directly placed payload whose pad and CRC field are still to check.
+    crc_pending: Option<rx_direct::Direct>,
     /// Human-readable reason the engine stopped, if it did.
     pub close_reason: Option<String>,
     /// Counters.
@@ -244,9 +249,9 @@ impl Engine {
         Engine {
             qp,
             phase: Phase::Running,
-            // Small at first: the own bytes are headers and trailers unless CRC is on (then the
-            // payloads too, and it grows once to about TX_HIGH_WATER). Reserving that for
-            // every connection cost each a heap extension (`brk`) and its page faults.
+            // Small at first: the own bytes are headers, trailers and payloads under
+            // ZERO_COPY_MIN. Reserving TX_HIGH_WATER for every connection cost each a heap
+            // extension (`brk`) and its page faults.
             txq: tx_queue::TxQueue::with_capacity(TX_OWN_START),
             reset: false,
             // Held until `release_tx` (the driver's timing, see `crate::handshake`) or the
@@ -270,6 +275,7 @@ impl Engine {
             cur_recv: None,
             direct: None,
             rx_skip: 0,
+            crc_pending: None,
             close_reason: None,
             stats: Stats::default(),
             cfg,
@@ -361,6 +367,7 @@ impl Engine {
             recvs_all.push(r.wqe);
         }
         self.direct = None;
+        self.crc_pending = None;
         recvs_all.extend(recvs);
         self.out.flush(sends, recvs_all);
         if self.close_reason.is_none() {

@@ -66,8 +66,9 @@ impl Engine {
         self.rx_len = (self.rx_len + n).min(self.rx.len());
         self.rx_filled = self.rx_len == self.rx.len();
         let pos = self.direct_from_buffer(0);
-        let mut pos = self.skip_trailer(pos);
-        while self.phase == Phase::Running && self.direct.is_none() {
+        let pos = self.skip_trailer(pos);
+        let mut pos = self.check_trailer(pos);
+        while self.phase == Phase::Running && self.direct.is_none() && self.crc_pending.is_none() {
             let buf = &self.rx[pos..self.rx_len];
             match parse_fpdu(buf, self.cfg.crc) {
                 Ok(None) => {

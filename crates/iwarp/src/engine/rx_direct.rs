@@ -1,6 +1,6 @@
-//! Direct placement: without MPA CRC, the payload of a large segment (an RDMA WRITE, a Read
-//! Response into a READ's sink, or a SEND into its receive buffer) goes from the socket
-//! straight into the target MR, as siw places received payload.
+//! Direct placement: the payload of a large segment (an RDMA WRITE, a Read Response into a
+//! READ's sink, or a SEND into its receive buffer) goes from the socket straight into the
+//! target MR, as siw places received payload.
 //!
 //! When the buffered bytes end inside such an FPDU and its header has arrived, the engine
 //! makes the checks the complete FPDU would get (a WRITE: the STag over the whole payload; a
@@ -8,11 +8,16 @@
 //! queue, MSN and MO, the receive WR it takes and that WR's capacity, then the next offset
 //! inside one SGE), places the payload bytes already buffered, and offers the rest of the
 //! payload as the first part of the next receive ([`Engine::rx_scatter`], then
-//! [`Engine::rx_received`]). The pad and CRC field after it are skipped when they arrive; a
-//! Read Response's READ, or a SEND's receive WR, completes then if it was the last segment.
-//! A WRITE or Read Response that fails a check, a segment spanning two SGEs, CRC on, or a
-//! payload under [`DIRECT_MIN`] waits in the buffer for the whole FPDU as before, so its error
-//! is found and reported as before. A SEND's checks depend on its header alone: one that fails
+//! [`Engine::rx_received`]). Without MPA CRC the pad and CRC field after it are skipped when
+//! they arrive; a Read Response's READ, or a SEND's receive WR, completes then if it was the
+//! last segment. With MPA CRC the CRC32c runs over the FPDU as it arrives (the length field,
+//! the header and buffered payload from the buffer, the placed payload read back from the MR
+//! in 4 KiB pieces, as siw computes it over the pages it placed into), and the READ or receive
+//! WR completes only once the CRC field matched; a mismatch is the buffered path's Terminate
+//! (MPA CRC error), the placed bytes stay (as in siw), and the WR is flushed, not completed.
+//! A WRITE or Read Response that fails a check, a segment spanning two SGEs, or a payload
+//! under [`DIRECT_MIN`] waits in the buffer for the whole FPDU as before, so its error is
+//! found and reported as before. A SEND's checks depend on its header alone: one that fails
 //! them gets its Terminate (and its receive WR's completion) when the header arrives, with the
 //! same codes and message as the whole FPDU would. A target that became inaccessible while
 //! the payload arrives (deregistered, or unmapped: EFAULT, with the stream left unread) ends in
@@ -21,7 +26,10 @@
 use super::{Engine, Phase, Piece};
 use softrdma_verbs::memory::socket_io::Scatter;
 use softrdma_verbs::mr::MrInner;
-use softrdma_wire::{fpdu_wire_len, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN};
+use softrdma_wire::{
+    fpdu_wire_len, term, Crc32c, DdpHeader, Opcode, SegmentHeader, TermLayer, DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN,
+    FPDU_CRC_LEN,
+};
 use std::sync::Arc;
 
 /// Smallest payload placed directly (below it, one copy costs less than the extra
@@ -38,6 +46,8 @@ pub(crate) struct Direct {
     left: usize,
     /// Pad and CRC field after the payload.
     trailer: usize,
+    /// With MPA CRC: the CRC32c of the FPDU's bytes so far.
+    crc: Option<Crc32c>,
     /// The segment's DDP and RDMAP header (a Terminate echoes it).
     header: Vec<u8>,
     /// Payload length.
@@ -99,7 +109,11 @@ impl Engine {
         let direct = self.direct.as_ref().map_or(0, |d| d.left.min(n));
         if direct > 0 {
             self.stats.rx_bytes += direct as u64;
-            self.direct_placed(direct);
+            if !self.fold_placed(direct) {
+                self.rx_direct_lost("it could not be read back for the MPA CRC");
+            } else {
+                self.direct_placed(direct);
+            }
         }
         if n > direct {
             self.rx_commit(n - direct);
@@ -117,7 +131,22 @@ impl Engine {
         }
     }
 
-    /// `n` more payload bytes are in the MR.
+    /// With MPA CRC, folds the next `n` payload bytes, just placed in the MR, into the FPDU's
+    /// CRC (read back through [`softrdma_verbs::memory::MemRegion::read_chunks`]). False if
+    /// the MR could not be read.
+    fn fold_placed(&mut self, n: usize) -> bool {
+        match self.direct.as_mut() {
+            Some(Direct {
+                mr,
+                off,
+                crc: Some(crc),
+                ..
+            }) => mr.region.read_chunks(*off, n, |c| crc.update(c)),
+            _ => true,
+        }
+    }
+
+    /// `n` more payload bytes are in the MR (and, with CRC, in its CRC).
     fn direct_placed(&mut self, n: usize) {
         let Some(d) = self.direct.as_mut() else { return };
         d.off += n;
@@ -126,26 +155,40 @@ impl Engine {
         if d.left > 0 {
             return;
         }
-        self.rx_skip = d.trailer;
-        let Some(Direct { kind, len, header, .. }) = self.direct.take() else {
+        let Some(d) = self.direct.take() else {
             return;
         };
+        if d.crc.is_some() {
+            // Completes once the CRC field arrived and matched (`check_trailer`).
+            self.crc_pending = Some(d);
+            return;
+        }
+        self.rx_skip = d.trailer;
+        self.direct_done(d);
+    }
+
+    /// A directly placed FPDU is whole (and its CRC, if any, matched).
+    fn direct_done(&mut self, d: Direct) {
         self.stats.rx_fpdus += 1;
-        match kind {
+        match d.kind {
             Kind::Write { .. } => {}
-            Kind::ReadResponse { last } => self.read_response_placed(len, last),
-            Kind::Send { op, inval_stag, last } => self.send_placed(op, inval_stag, len, last, &header),
+            Kind::ReadResponse { last } => self.read_response_placed(d.len, last),
+            Kind::Send { op, inval_stag, last } => self.send_placed(op, inval_stag, d.len, last, &d.header),
         }
     }
 
     /// Buffered bytes from `pos` on that belong to a direct placement still open (a caller
     /// that read into the buffer only): placed with one copy. Returns the new position.
     pub(super) fn direct_from_buffer(&mut self, pos: usize) -> usize {
-        let Some(d) = &self.direct else { return pos };
+        let Some(d) = &mut self.direct else { return pos };
         let take = d.left.min(self.rx_len - pos);
-        if !d.mr.region.write(d.off, &self.rx[pos..pos + take]) {
+        let bytes = &self.rx[pos..pos + take];
+        if !d.mr.region.write(d.off, bytes) {
             self.rx_direct_lost("a copy into it failed");
             return self.rx_len;
+        }
+        if let Some(crc) = &mut d.crc {
+            crc.update(bytes);
         }
         self.direct_placed(take);
         pos + take
@@ -158,10 +201,40 @@ impl Engine {
         pos + skip
     }
 
+    /// With MPA CRC, the pad and CRC field of a directly placed FPDU, once all of it is
+    /// buffered from `pos` on: a match completes what the FPDU completes, a mismatch is the
+    /// Terminate a buffered FPDU would get. Returns the new position (`pos` while the field is
+    /// incomplete; [`Engine::rx_commit`] keeps those bytes and waits).
+    pub(super) fn check_trailer(&mut self, pos: usize) -> usize {
+        let Some(d) = &self.crc_pending else { return pos };
+        if self.rx_len - pos < d.trailer {
+            return pos;
+        }
+        let Some(mut d) = self.crc_pending.take() else {
+            return pos;
+        };
+        let pad = d.trailer - FPDU_CRC_LEN;
+        let field = &self.rx[pos + pad..pos + d.trailer];
+        let got = u32::from_le_bytes([field[0], field[1], field[2], field[3]]);
+        let mut crc = d.crc.take().unwrap_or_default();
+        crc.update(&self.rx[pos..pos + pad]);
+        let computed = crc.finish();
+        if got != computed {
+            self.stats.rx_fpdus += 1;
+            let why = format!(
+                "MPA CRC error: FPDU carries {got:#010x}, computed {computed:#010x} (payload placed directly into its MR)"
+            );
+            self.send_terminate((TermLayer::Llp, term::llp::MPA, term::llp::CRC_ERROR), None, why);
+        } else {
+            self.direct_done(d);
+        }
+        pos + pad + FPDU_CRC_LEN
+    }
+
     /// The buffer from `pos` holds the start of an FPDU, not all of it: if it is a large WRITE,
     /// Read Response or SEND that passes its checks, start placing it directly. Returns the new position.
     pub(super) fn try_direct(&mut self, pos: usize) -> usize {
-        if self.cfg.crc || self.phase != Phase::Running || self.direct.is_some() || self.rx_skip > 0 {
+        if self.phase != Phase::Running || self.direct.is_some() || self.rx_skip > 0 || self.crc_pending.is_some() {
             return pos;
         }
         let buf = &self.rx[pos..self.rx_len];
@@ -215,12 +288,19 @@ impl Engine {
         if !mr.region.write(off, &self.rx[start..self.rx_len]) {
             return pos;
         }
+        // The CRC so far: the length field, the header and the payload bytes buffered.
+        let crc = self.cfg.crc.then(|| {
+            let mut c = Crc32c::default();
+            c.update(&self.rx[pos..self.rx_len]);
+            c
+        });
         self.stats.rx_placed += have as u64;
         self.direct = Some(Direct {
             mr,
             off: off + have,
             left: payload_len - have,
             trailer: fpdu_wire_len(ulpdu_len) - 2 - ulpdu_len,
+            crc,
             header,
             len: payload_len,
             kind,

@@ -9,7 +9,7 @@ use softrdma_verbs::memory::socket_io::Gather;
 use softrdma_verbs::mr::MrInner;
 use softrdma_verbs::qp::SendWqe;
 use softrdma_verbs::{SendFlags, WcOpcode, WcStatus, WrOpcode};
-use softrdma_wire::{crc32c, fpdu_pad_len, DdpHeader, Opcode, ReadRequest, SegmentHeader, QN_READ_REQUEST, QN_SEND};
+use softrdma_wire::{fpdu_pad_len, DdpHeader, Opcode, ReadRequest, SegmentHeader, QN_READ_REQUEST, QN_SEND};
 use std::sync::Arc;
 
 impl Engine {
@@ -110,7 +110,6 @@ impl Engine {
         self.txq.push_bytes(&h[..hlen]);
         let mut payload = SegmentPayload {
             q: &mut self.txq,
-            zero_copy: !self.cfg.crc,
             fpdu,
             msg,
         };
@@ -120,9 +119,13 @@ impl Engine {
         }
         debug_assert_eq!(self.txq.end() - fpdu, (2 + ulpdu_len) as u64);
         self.txq.push_bytes(&[0u8; 3][..fpdu_pad_len(ulpdu_len)]);
-        // With CRC nothing is sent from an MR: every byte of the FPDU is in the own buffer.
         let crc = if self.cfg.crc {
-            crc32c(self.txq.own_since(mark))
+            // Over the FPDU as queued: framing and payload, from the MR where it stays there.
+            let Some(crc) = self.txq.crc_since(mark) else {
+                self.txq.rollback(mark);
+                return false;
+            };
+            crc
         } else {
             0
         };
@@ -433,11 +436,10 @@ impl Engine {
     }
 }
 
-/// The payload of one FPDU being built: copied into the queue, or (without CRC, for slices of
-/// at least [`ZERO_COPY_MIN`] bytes) left in the MR to be sent from there.
+/// The payload of one FPDU being built: copied into the queue, or (slices of at least
+/// [`ZERO_COPY_MIN`] bytes) left in the MR to be sent from there.
 pub(crate) struct SegmentPayload<'a> {
     q: &'a mut TxQueue,
-    zero_copy: bool,
     fpdu: u64,
     msg: Option<u64>,
 }
@@ -453,7 +455,7 @@ impl SegmentPayload<'_> {
 
     /// Appends `len` bytes of `mr` at region offset `off`; false if the memory is gone.
     fn region(&mut self, mr: &Arc<MrInner>, off: usize, len: usize) -> bool {
-        if self.zero_copy && len >= ZERO_COPY_MIN {
+        if len >= ZERO_COPY_MIN {
             if mr.region.is_revoked() {
                 return false;
             }

@@ -1,13 +1,17 @@
 //! The bytes an engine produced for the socket, in stream order.
 //!
 //! FPDU framing (MPA length, DDP and RDMAP headers, pad, CRC) and copied payloads are the
-//! engine's own bytes. Without MPA CRC, a payload slice of at least [`ZERO_COPY_MIN`] bytes stays
-//! in its MR: the driver sends it from there ([`softrdma_verbs::memory::socket_io`]), so the
-//! kernel's copy into the socket is the only one (as siw sends pages). With CRC the payload
-//! is copied: the CRC must describe exactly the bytes that go out.
+//! engine's own bytes. A payload slice of at least [`ZERO_COPY_MIN`] bytes stays in its MR: the
+//! driver sends it from there ([`softrdma_verbs::memory::socket_io`]), so the kernel's copy into
+//! the socket is the only one (as siw sends pages). With MPA CRC the CRC32c is computed over
+//! the FPDU's parts when it is queued ([`TxQueue::crc_since`], the MR ranges read through
+//! 4 KiB guarded copies), as siw computes it over the pages it then hands to TCP: an
+//! application that changes a buffer before its send completed (which the verbs leave
+//! undefined) then gets the peer's Terminate for a CRC error rather than changed data.
 
 use softrdma_verbs::memory::socket_io::{Gather, MAX_GATHER_PARTS};
 use softrdma_verbs::mr::MrInner;
+use softrdma_wire::Crc32c;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -120,9 +124,30 @@ impl TxQueue {
         self.queued = m.queued;
     }
 
-    /// The own bytes appended since `m` (all of them, when no memory part was appended since).
-    pub fn own_since(&self, m: Mark) -> &[u8] {
-        &self.own[m.own..]
+    /// The CRC32c of every byte appended since `m`, own bytes and registered memory in stream
+    /// order; None if a memory part could not be read (revoked, or its memory faulted).
+    pub fn crc_since(&self, m: Mark) -> Option<u32> {
+        let mut crc = Crc32c::default();
+        // The part that was last at `m` may have grown since (own bytes merge); a memory part
+        // there is an earlier FPDU's.
+        let first = m.parts.saturating_sub(1);
+        for (i, part) in self.parts.iter().enumerate().skip(first) {
+            match part {
+                Part::Own { start, len } => {
+                    let from = (*start).max(m.own);
+                    if from < start + len {
+                        crc.update(&self.own[from..start + len]);
+                    }
+                }
+                Part::Mem { .. } if i < m.parts => {}
+                Part::Mem { mr, off, len, .. } => {
+                    if !mr.region.read_chunks(*off, *len, |c| crc.update(c)) {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(crc.finish())
     }
 
     /// Appends own bytes.
@@ -347,6 +372,25 @@ mod tests {
         assert_eq!(q.to_vec(), b"b0123!");
         q.clear();
         assert_eq!((q.len(), q.written(), q.to_vec()), (0, 1, Vec::new()));
+    }
+
+    #[test]
+    fn the_crc_since_a_mark_covers_own_and_memory_parts_in_order() {
+        let (mut q, m) = queue();
+        let mark = q.mark();
+        q.push_bytes(b"ef");
+        q.push_mem(m.clone(), 2, 5, 14, None);
+        q.push_bytes(b"g");
+        assert_eq!(q.crc_since(mark), Some(softrdma_wire::crc32c(b"ef23456g")));
+        // A mark after a memory part: that part is not this FPDU's.
+        let (mut q, m) = queue();
+        q.push_mem(m.clone(), 0, 3, 14, None);
+        let mark = q.mark();
+        q.push_bytes(b"h");
+        assert_eq!(q.crc_since(mark), Some(softrdma_wire::crc32c(b"h")));
+        m.region.revoke();
+        q.push_mem(m, 0, 1, 18, None);
+        assert_eq!(q.crc_since(mark), None, "a revoked region has no CRC");
     }
 
     #[test]

@@ -15,12 +15,12 @@ fn side(qpn: u32, initiator: bool) -> Side {
     side_crc(qpn, initiator, false)
 }
 
-fn remote() -> Access {
+pub(super) fn remote() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ
 }
 
 /// (own parts, region parts) of what `x` would send now.
-fn part_kinds(x: &Engine) -> (usize, usize) {
+pub(super) fn part_kinds(x: &Engine) -> (usize, usize) {
     let mut parts = Vec::new();
     x.tx_gather(&mut parts);
     let regions = parts.iter().filter(|p| matches!(p, Gather::Region { .. })).count();
@@ -28,7 +28,7 @@ fn part_kinds(x: &Engine) -> (usize, usize) {
 }
 
 /// Sends what `x` has into `y` as the driver does; returns the bytes moved.
-fn drive(x: &mut Engine, y: &mut Engine) -> usize {
+pub(super) fn drive(x: &mut Engine, y: &mut Engine) -> usize {
     let mut moved = 0;
     for _ in 0..10_000 {
         x.fill_tx();
@@ -60,7 +60,7 @@ fn drive(x: &mut Engine, y: &mut Engine) -> usize {
     moved
 }
 
-fn pump(a: &mut Side, b: &mut Side) {
+pub(super) fn pump(a: &mut Side, b: &mut Side) {
     for _ in 0..1000 {
         if drive(&mut a.eng, &mut b.eng) + drive(&mut b.eng, &mut a.eng) == 0 {
             break;
@@ -217,12 +217,12 @@ fn a_read_source_deregistered_before_its_response_left_is_a_terminate() {
 /// Hands `bytes` to `y` as `recv_scatter` would, `chunk` bytes per call at most: the open
 /// direct placement's MR range first, then the receive buffer. Returns the calls that wrote
 /// into an MR.
-fn receive(y: &mut Engine, bytes: &[u8], chunk: usize) -> usize {
+pub(super) fn receive(y: &mut Engine, bytes: &[u8], chunk: usize) -> usize {
     receive_counting(y, bytes, chunk).0
 }
 
 /// [`receive`], returning (calls that wrote into an MR, bytes written into MRs).
-fn receive_counting(y: &mut Engine, bytes: &[u8], chunk: usize) -> (usize, usize) {
+pub(super) fn receive_counting(y: &mut Engine, bytes: &[u8], chunk: usize) -> (usize, usize) {
     let (mut off, mut direct_calls, mut direct_bytes) = (0, 0, 0);
     while off < bytes.len() {
         let mut n = 0;
@@ -254,7 +254,7 @@ fn receive_counting(y: &mut Engine, bytes: &[u8], chunk: usize) -> (usize, usize
 }
 
 /// Everything `x` has to send, as the socket would take it (all of it, at once or in turns).
-fn take_wire(x: &mut Engine) -> Vec<u8> {
+pub(super) fn take_wire(x: &mut Engine) -> Vec<u8> {
     let mut wire = Vec::new();
     for _ in 0..100 {
         x.fill_tx();
@@ -270,7 +270,7 @@ fn take_wire(x: &mut Engine) -> Vec<u8> {
 
 /// Sets up a 200,000-byte WRITE from `a` into a fresh MR of `b`; returns the target MR, the
 /// bytes `a` queued, and the data.
-fn queued_write(a: &mut Side, b: &Side, rkey: Option<u32>) -> (Arc<MrInner>, Vec<u8>, Vec<u8>) {
+pub(super) fn queued_write(a: &mut Side, b: &Side, rkey: Option<u32>) -> (Arc<MrInner>, Vec<u8>, Vec<u8>) {
     let data: Vec<u8> = (0..200_000u32).map(|i| (i * 31 + 7) as u8).collect();
     let src = a.qp.register(data.len(), Access::LOCAL_WRITE);
     assert!(src.region.write(0, &data));
@@ -285,7 +285,7 @@ fn queued_write(a: &mut Side, b: &Side, rkey: Option<u32>) -> (Arc<MrInner>, Vec
     (dst, wire, data)
 }
 
-fn region_bytes(mr: &MrInner) -> Vec<u8> {
+pub(super) fn region_bytes(mr: &MrInner) -> Vec<u8> {
     let mut v = vec![0u8; mr.region.len()];
     assert!(mr.region.read(0, &mut v));
     v
@@ -310,7 +310,7 @@ fn a_large_write_payload_is_received_straight_into_its_mr() {
 
 /// The stream from `a` to `b` is still framed: a 5-byte SEND, received 3 bytes per call,
 /// lands at the start of `rbuf` and completes.
-fn a_small_send_arrives(a: &mut Side, b: &mut Side, rbuf: &MrInner) {
+pub(super) fn a_small_send_arrives(a: &mut Side, b: &mut Side, rbuf: &MrInner) {
     post_recv(b, 8, &[(rbuf, 64)]);
     let small = a.qp.register(5, Access::LOCAL_WRITE);
     assert!(small.region.write(0, b"after"));
@@ -363,7 +363,7 @@ fn a_direct_target_lost_mid_payload_is_a_terminate_naming_the_write() {
 
 /// `a` READs 200,000 bytes of `b`'s memory into `sinks` (one SGE each); returns the bytes of
 /// the Read Responses `b` queued, and the data.
-fn queued_read_responses(a: &mut Side, b: &mut Side, sinks: &[(&MrInner, u32)]) -> (Vec<u8>, Vec<u8>) {
+pub(super) fn queued_read_responses(a: &mut Side, b: &mut Side, sinks: &[(&MrInner, u32)]) -> (Vec<u8>, Vec<u8>) {
     let data: Vec<u8> = (0..200_000u32).map(|i| (i * 17 + 5) as u8).collect();
     let src = b.qp.register(data.len(), remote());
     assert!(src.region.write(0, &data));
@@ -416,7 +416,7 @@ fn a_read_sink_lost_mid_payload_is_a_terminate_and_the_read_fails() {
 }
 
 /// `a` SENDs 200,000 bytes to `b`; returns the bytes `a` queued, and the data.
-fn queued_send(a: &mut Side) -> (Vec<u8>, Vec<u8>) {
+pub(super) fn queued_send(a: &mut Side) -> (Vec<u8>, Vec<u8>) {
     let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13 + 1) as u8).collect();
     let src = a.qp.register(data.len(), Access::LOCAL_WRITE);
     assert!(src.region.write(0, &data));
@@ -425,7 +425,7 @@ fn queued_send(a: &mut Side) -> (Vec<u8>, Vec<u8>) {
     (wire, data)
 }
 
-fn post_recv(b: &Side, wr_id: u64, bufs: &[(&MrInner, u32)]) {
+pub(super) fn post_recv(b: &Side, wr_id: u64, bufs: &[(&MrInner, u32)]) {
     b.qp.post_recv(RecvWr {
         wr_id,
         sg_list: bufs.iter().map(|(mr, len)| sge(mr, 0, *len)).collect(),

@@ -206,8 +206,47 @@ mod imp {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::copy;
+
+    /// Two pages of an anonymous mapping whose second page is `PROT_NONE` (memory an
+    /// application protected behind softrdma's back); unmapped when dropped.
+    pub(crate) struct HalfProtected {
+        pub base: *mut u8,
+        pub page: usize,
+    }
+
+    impl HalfProtected {
+        pub(crate) fn new() -> HalfProtected {
+            let page = 4096usize;
+            // SAFETY: an anonymous private mapping of our own, checked below.
+            let map = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    2 * page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(map, libc::MAP_FAILED);
+            let base = map as *mut u8;
+            // SAFETY: the second page of that mapping.
+            assert_eq!(
+                unsafe { libc::mprotect(base.add(page) as *mut _, page, libc::PROT_NONE) },
+                0
+            );
+            HalfProtected { base, page }
+        }
+    }
+
+    impl Drop for HalfProtected {
+        fn drop(&mut self) {
+            // SAFETY: the mapping `new` made; nothing uses it after the drop.
+            unsafe { libc::munmap(self.base as *mut _, 2 * self.page) };
+        }
+    }
 
     #[test]
     fn copies_and_reports_faults_instead_of_dying() {
@@ -218,25 +257,8 @@ mod tests {
         assert_eq!(dst, src);
 
         // Two pages, the second made inaccessible: the copy stops at the boundary.
-        let page = 4096usize;
-        // SAFETY: anonymous private mapping, checked below; unmapped at the end.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                2 * page,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        let base = map as *mut u8;
-        // SAFETY: the second page of our own mapping.
-        assert_eq!(
-            unsafe { libc::mprotect(base.add(page) as *mut _, page, libc::PROT_NONE) },
-            0
-        );
+        let m = HalfProtected::new();
+        let (base, page) = (m.base, m.page);
         let src = vec![9u8; 2 * page];
         // SAFETY: the destination may fault; that is what is tested.
         let left = unsafe { copy(base.add(page / 2), src.as_ptr(), page) };
@@ -246,7 +268,5 @@ mod tests {
         let left = unsafe { copy(back.as_mut_ptr(), base.add(page / 2), page) };
         assert_eq!(left, page / 2);
         assert!(back[..page / 2].iter().all(|&b| b == 9));
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(map, 2 * page) };
     }
 }

@@ -171,6 +171,30 @@ impl MemRegion {
         unsafe { guarded_copy::copy(dst.as_mut_ptr(), self.base.as_ptr().add(offset), dst.len()) == 0 }
     }
 
+    /// Hands the bytes of `[offset, offset+len)` to `f` in order, 4 KiB at a time, each through a
+    /// guarded copy into a buffer on the stack (for a checksum over payload that socket I/O
+    /// placed in the region or will send from it). Returns false when out of bounds, revoked,
+    /// or the memory faulted (then `f` may have seen a prefix).
+    pub fn read_chunks(&self, offset: usize, len: usize, mut f: impl FnMut(&[u8])) -> bool {
+        let Some(_lease) = self.lease(offset, len) else {
+            return false;
+        };
+        let mut chunk = [0u8; 4096];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len());
+            // SAFETY: `lease` proved offset..offset+len lies in the region, which stays
+            // registered while the lease is held; `chunk` is our own stack buffer of at least
+            // `n` bytes. A fault is reported, not taken.
+            if unsafe { guarded_copy::copy(chunk.as_mut_ptr(), self.base.as_ptr().add(offset + done), n) } != 0 {
+                return false;
+            }
+            f(&chunk[..n]);
+            done += n;
+        }
+        true
+    }
+
     /// Reads one byte with a guarded load (for spinning on a flag byte a peer writes): None
     /// when out of bounds, revoked or faulting.
     pub fn read_volatile_u8(&self, offset: usize) -> Option<u8> {
@@ -242,7 +266,32 @@ mod tests {
         let mut v = Vec::new();
         assert!(!r.append_to(0, 8, &mut v));
         assert!(v.is_empty());
+        assert!(!r.read_chunks(0, 8, |_| panic!("a revoked region handed out bytes")));
         r.revoke();
+    }
+
+    #[test]
+    fn read_chunks_hands_out_the_range_in_order_and_stops_at_a_fault() {
+        let r = MemRegion::allocate(10_000);
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 13) as u8).collect();
+        assert!(r.write(0, &data));
+        let (mut seen, mut calls) = (Vec::new(), 0);
+        assert!(r.read_chunks(3, 9_990, |c| {
+            seen.extend_from_slice(c);
+            calls += 1;
+        }));
+        assert_eq!(seen, &data[3..9_993]);
+        assert_eq!(calls, 3, "4 KiB at a time");
+        assert!(!r.read_chunks(9_000, 1_001, |_| panic!("out of bounds")));
+
+        // Application memory whose second page was protected behind the region's back.
+        let m = guarded_copy::tests::HalfProtected::new();
+        // SAFETY: the mapping outlives `app` (dropped first, in reverse order of declaration);
+        // accesses that fault are reported.
+        let app = unsafe { MemRegion::from_raw(m.base, 2 * m.page) };
+        let mut got = 0;
+        assert!(!app.read_chunks(0, 2 * m.page, |c| got += c.len()));
+        assert_eq!(got, m.page, "the readable page only");
     }
 
     #[test]
