@@ -84,10 +84,7 @@ impl Engine {
                     pos += wire;
                     self.stats.rx_fpdus += 1;
                 }
-                Err(WireError::BadCrc { got, computed }) => {
-                    let why = format!("MPA CRC error: FPDU carries {got:#010x}, computed {computed:#010x}");
-                    self.send_terminate((TermLayer::Llp, term::llp::MPA, term::llp::CRC_ERROR), None, why);
-                }
+                Err(WireError::BadCrc { got, computed }) => self.mpa_crc_error(got, computed, ""),
                 Err(e) => {
                     self.send_terminate(
                         (TermLayer::Llp, term::llp::MPA, term::llp::TCP_STREAM_LOST),
@@ -103,6 +100,14 @@ impl Engine {
         }
         self.rx.copy_within(pos..self.rx_len, 0);
         self.rx_len -= pos;
+    }
+
+    /// An FPDU whose CRC field (`got`) is not the CRC computed over it: the Terminate of
+    /// RFC 5044 (LLP, MPA, CRC error), whether the FPDU was buffered or placed directly
+    /// (`note` says which, for the reason).
+    pub(super) fn mpa_crc_error(&mut self, got: u32, computed: u32, note: &str) {
+        let why = format!("MPA CRC error: FPDU carries {got:#010x}, computed {computed:#010x}{note}");
+        self.send_terminate((TermLayer::Llp, term::llp::MPA, term::llp::CRC_ERROR), None, why);
     }
 
     fn on_ulpdu(&mut self, ulpdu: &[u8]) {

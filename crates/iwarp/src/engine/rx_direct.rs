@@ -27,8 +27,7 @@ use super::{Engine, Phase, Piece};
 use softrdma_verbs::memory::socket_io::Scatter;
 use softrdma_verbs::mr::MrInner;
 use softrdma_wire::{
-    fpdu_wire_len, term, Crc32c, DdpHeader, Opcode, SegmentHeader, TermLayer, DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN,
-    FPDU_CRC_LEN,
+    fpdu_wire_len, Crc32c, DdpHeader, Opcode, SegmentHeader, DDP_TAGGED_HDR_LEN, DDP_UNTAGGED_HDR_LEN, FPDU_CRC_LEN,
 };
 use std::sync::Arc;
 
@@ -221,10 +220,7 @@ impl Engine {
         let computed = crc.finish();
         if got != computed {
             self.stats.rx_fpdus += 1;
-            let why = format!(
-                "MPA CRC error: FPDU carries {got:#010x}, computed {computed:#010x} (payload placed directly into its MR)"
-            );
-            self.send_terminate((TermLayer::Llp, term::llp::MPA, term::llp::CRC_ERROR), None, why);
+            self.mpa_crc_error(got, computed, " (payload placed directly into its MR)");
         } else {
             self.direct_done(d);
         }
